@@ -1,0 +1,194 @@
+"""A simulated arm: a two-link planar arm (shoulder, elbow) plus grippers/extra axes.
+
+Every joint follows its target with a first-order response (time constant
+tau_s), its speed clipped to velocity_limit, its position clipped to physical
+stops. The state is integrated lazily, on each read, from the last integration
+time to clock(): a virtual clock makes a run reproducible bit for bit.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable, Sequence
+
+import numpy as np
+import pydantic
+
+from drivers.base import DriverFault, JointDriver, JointState
+from drivers.sim import geometry as g
+from drivers.sim.world import SimWorld
+
+ARM_LOWER, ARM_UPPER = -2.8, 2.8
+GRIPPER_LOWER, GRIPPER_UPPER = 0.0, 1.0
+EFFORT_GAIN = 10.0  # effort per rad of tracking offset (a P-controller's output)
+
+
+class SimArm(JointDriver):
+    """The simulated arm; see the module docstring for its dynamics.
+
+    Joints 0 and 1 are the planar arm; any further joint is a gripper/extra axis
+    with the same dynamics (default range 0..1). Torque starts off; enabling it
+    sets the target to the present position, so that nothing jumps. Reads
+    publish the true positions to the world (for the sim cameras). One thread.
+    """
+
+    class Options(pydantic.BaseModel, extra="forbid"):
+        tau_s: float = pydantic.Field(0.05, gt=0)  # first-order response time constant
+        velocity_limit: float = pydantic.Field(4.0, gt=0)  # rad/s per joint
+        noise: float = pydantic.Field(0.0005, ge=0)  # std of position read noise
+        seed: int = 0
+        initial: list[float] | None = None  # default: tip on the dot's start, grippers 0
+        lower: list[float] | None = None  # physical stops; default ±2.8 arm, 0 grippers
+        upper: list[float] | None = None  # default 2.8 arm, 1 grippers
+
+    def __init__(
+        self,
+        names: Sequence[str],
+        options: SimArm.Options,
+        *,
+        clock: Callable[[], int] = time.monotonic_ns,
+        world: SimWorld | None = None,
+    ) -> None:
+        names = tuple(names)
+        if len(names) < 2 or not all(isinstance(n, str) and n for n in names):
+            raise ValueError(f"SimArm: names needs >= 2 non-empty joint names, got {names!r}")
+        if len(set(names)) != len(names):
+            raise ValueError(f"SimArm: joint names must be unique, got {names!r}")
+        if world is not None and world.n_joints != len(names):
+            raise ValueError(
+                f"SimArm: world has {world.n_joints} joints, names has {len(names)}"
+            )
+        self.names = names
+        self.options = options
+        self._clock = clock
+        self._world = world
+        n = len(names)
+        lower = [ARM_LOWER] * 2 + [GRIPPER_LOWER] * (n - 2)
+        upper = [ARM_UPPER] * 2 + [GRIPPER_UPPER] * (n - 2)
+        self._lower = self._vector("lower", options.lower, lower)
+        self._upper = self._vector("upper", options.upper, upper)
+        for i in np.flatnonzero(self._lower >= self._upper):
+            raise ValueError(f"SimArm option lower/upper: joint {names[i]!r} has lower >= upper")
+        default_initial = [*g.inverse(g.target_at(0.0)), *([0.0] * (n - 2))]
+        self._q = self._vector("initial", options.initial, default_initial)
+        for i in np.flatnonzero((self._q < self._lower) | (self._q > self._upper)):
+            raise ValueError(f"SimArm option initial: joint {names[i]!r} is outside its stops")
+        self._target = self._q.copy()
+        self._velocity = np.zeros(n)
+        self._rng = np.random.default_rng(options.seed)
+        self._torque = False
+        self._open = False
+        self._t_last: int | None = None
+
+    def _vector(self, option: str, given: list[float] | None, default: list[float]) -> np.ndarray:
+        values = default if given is None else given
+        if len(values) != len(self.names):
+            raise ValueError(
+                f"SimArm option {option}: {len(values)} values for {len(self.names)} joints "
+                f"{list(self.names)}"
+            )
+        array = np.array(values, dtype=np.float64)
+        if not np.all(np.isfinite(array)):
+            raise ValueError(f"SimArm option {option}: values must be finite, got {values}")
+        return array
+
+    # ---- JointDriver --------------------------------------------------------------
+
+    def open(self) -> None:
+        """Start the simulation (torque off); the first open fixes t0 if there is no world."""
+        now = self._clock()
+        if self._world is None:
+            self._world = SimWorld.local(len(self.names), now)
+        self._t_last = now
+        self._open = True
+        self._world.publish(self._q, now)
+
+    def read(self) -> JointState:
+        """Integrate to clock(), publish to the world, return the state with read noise."""
+        self._check_open()
+        now = self._clock()
+        self._advance(now)
+        position = self._q.copy()
+        if self.options.noise > 0:
+            position += self._rng.normal(0.0, self.options.noise, len(self.names))
+        effort = EFFORT_GAIN * (self._target - self._q) if self._torque else np.zeros_like(self._q)
+        return JointState(position, self._velocity.copy(), effort, now)
+
+    def write(self, targets: np.ndarray) -> None:
+        """Command one target per joint; DriverFault for a wrong shape or a non-finite value."""
+        self._check_open()
+        try:
+            array = np.asarray(targets, dtype=np.float64)
+        except (TypeError, ValueError) as exc:
+            raise DriverFault(f"SimArm.write: targets are not numbers: {exc}") from None
+        if array.shape != (len(self.names),):
+            raise DriverFault(
+                f"SimArm.write: targets must have shape ({len(self.names)},), got {array.shape}"
+            )
+        bad = np.flatnonzero(~np.isfinite(array))
+        if bad.size:
+            joint = self.names[bad[0]]
+            raise DriverFault(
+                f"SimArm.write: target for joint {joint!r} is {array[bad[0]]}", joint=joint
+            )
+        self._advance(self._clock())  # the old target governs the motion up to now
+        self._target = array.copy()
+
+    def torque(self, on: bool) -> None:
+        """Enable (holding the present position) or disable holding torque."""
+        self._check_open()
+        self._advance(self._clock())
+        if on and not self._torque:
+            self._target = self._q.copy()
+        self._torque = bool(on)
+
+    def close(self) -> None:
+        """Stop the simulation; idempotent. The world (if given) belongs to the caller."""
+        self._open = False
+        self._torque = False
+
+    def ground_truth(self) -> dict[str, float]:
+        """Task metrics at clock(): the tip's distance to the dot, and both positions."""
+        self._check_open()
+        now = self._clock()
+        self._advance(now)
+        assert self._world is not None  # set by open()
+        _, tip = g.forward(self._q)
+        target = g.target_at((now - self._world.t0_ns) / 1e9)
+        return {
+            "tracking_error": float(math.hypot(*(tip - target))),
+            "tip_x": float(tip[0]),
+            "tip_y": float(tip[1]),
+            "target_x": float(target[0]),
+            "target_y": float(target[1]),
+        }
+
+    # ---- dynamics -----------------------------------------------------------------
+
+    def _advance(self, now: int) -> None:
+        """Integrate the dynamics from the last integration time to `now` (ns)."""
+        assert self._t_last is not None and self._world is not None
+        dt = (now - self._t_last) / 1e9
+        if dt <= 0:
+            return
+        self._t_last = now
+        if self._torque:
+            self._step(dt)
+        else:
+            self._velocity[:] = 0.0
+        self._world.publish(self._q, now)
+
+    def _step(self, dt: float) -> None:
+        # Exact first-order step toward the target, then the speed limit over dt.
+        decay = math.exp(-dt / self.options.tau_s)
+        step = (self._target - self._q) * (1.0 - decay)
+        max_step = self.options.velocity_limit * dt
+        step = np.clip(step, -max_step, max_step)
+        q_new = np.clip(self._q + step, self._lower, self._upper)
+        self._velocity = (q_new - self._q) / dt
+        self._q = q_new
+
+    def _check_open(self) -> None:
+        if not self._open:
+            raise DriverFault(f"SimArm {list(self.names)} is not open")

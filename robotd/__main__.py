@@ -1,0 +1,5 @@
+import sys
+
+from robotd.cli import main
+
+sys.exit(main())

@@ -1,0 +1,185 @@
+"""One camera's process: capture frames into a shared-memory ring until told to stop.
+
+    python -m robotd.camera_proc '{"name": "top", "driver": "sim", "width": 640,
+        "height": 480, "fps": 30, "options": {"view": "top"},
+        "ring": "robotd-<run>-top", "world": "robotd-<run>-world"}'
+
+The parent creates the ring (and, for a sim robot, the world) and owns them: this
+process attaches, never unlinks. It dies with its parent, stops on SIGTERM/SIGINT
+and exits 0. Optional key "parent_pid": exit at once if that parent is already gone.
+
+Exit codes: 0 stopped by a signal; 2 usage (bad json, unknown driver, bad options,
+missing or mismatched ring/world); 3 driver fault (open failed, or a run of bad
+frames). Every failure is one line on stderr naming the camera.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib
+import importlib.metadata
+import inspect
+import sys
+import threading
+from typing import Any
+
+import pydantic
+
+from drivers.base import Camera, DriverFault
+from robotd.procutil import die_with_parent, install_stop_signals, one_line, sleep_until
+from robotd.shm import FrameRing, ShmError
+
+REGISTRY: dict[str, str] = {"sim": "drivers.sim.camera:SimCamera"}
+ENTRY_POINT_GROUP = "robotd.cameras"
+EXIT_OK, EXIT_USAGE, EXIT_DRIVER = 0, 2, 3
+MAX_ERRORS_IN_A_ROW = 10  # frame errors the loop tolerates before giving up (exit 3)
+_PROG = "robotd.camera_proc"
+
+
+class UsageError(Exception):
+    """The process was started wrongly: exit 2."""
+
+
+class CameraSpec(pydantic.BaseModel, extra="forbid"):
+    """The process's single argument (json)."""
+
+    name: str = pydantic.Field(min_length=1)
+    driver: str = pydantic.Field(min_length=1)
+    width: int = pydantic.Field(gt=0)
+    height: int = pydantic.Field(gt=0)
+    fps: float = pydantic.Field(gt=0)
+    options: dict[str, Any] = pydantic.Field(default_factory=dict)
+    ring: str = pydantic.Field(min_length=1)
+    world: str | None = None
+    parent_pid: int | None = None
+
+
+def parse_spec(argv: list[str]) -> CameraSpec:
+    """The spec from the command line; UsageError naming what is wrong."""
+    if len(argv) != 1:
+        raise UsageError(f"expected one json argument, got {len(argv)} arguments")
+    try:
+        return CameraSpec.model_validate_json(argv[0])
+    except pydantic.ValidationError as exc:
+        raise UsageError(f"bad json spec: {one_line(exc)}") from None
+
+
+def load_camera_class(driver: str) -> type[Camera]:
+    """The Camera class for `driver`: the built-in registry, then entry points."""
+    target = REGISTRY.get(driver)
+    if target is None:
+        found = importlib.metadata.entry_points(group=ENTRY_POINT_GROUP, name=driver)
+        target = next(iter(found)).value if found else None
+    if target is None:
+        known = sorted({*REGISTRY, *importlib.metadata.entry_points(group=ENTRY_POINT_GROUP).names})
+        raise UsageError(f"unknown camera driver {driver!r} (known: {', '.join(known)})")
+    module_name, _, attr = target.partition(":")
+    try:
+        cls = getattr(importlib.import_module(module_name), attr)
+    except (ImportError, AttributeError) as exc:
+        raise UsageError(f"camera driver {driver!r} ({target}) cannot be loaded: {exc}") from exc
+    if not (isinstance(cls, type) and issubclass(cls, Camera)):
+        raise UsageError(f"camera driver {driver!r} ({target}) is not a Camera")
+    return cls
+
+
+def build_camera(spec: CameraSpec, world: Any, stop: threading.Event) -> Camera:
+    """Construct the camera from the spec; UsageError for bad options or a missing world."""
+    cls = load_camera_class(spec.driver)
+    params = inspect.signature(cls).parameters
+    kwargs: dict[str, Any] = {}
+    if "world" in params:
+        if world is None:
+            raise UsageError(f"camera driver {spec.driver!r} needs a \"world\" shm name")
+        kwargs["world"] = world
+    if "sleep_until" in params:
+        # Sleep in slices so that a stop signal is noticed within ~50 ms at any fps.
+        kwargs["sleep_until"] = lambda deadline_ns: sleep_until(deadline_ns, stop)
+    try:
+        options_cls = getattr(cls, "Options", None)
+        options = (
+            options_cls.model_validate(spec.options) if options_cls is not None else spec.options
+        )
+        return cls(spec.name, spec.width, spec.height, spec.fps, options, **kwargs)
+    except (pydantic.ValidationError, ValueError, TypeError) as exc:
+        raise UsageError(f"bad options for driver {spec.driver!r}: {one_line(exc)}") from None
+
+
+def capture_loop(camera: Camera, ring: FrameRing, stop: threading.Event, label: str) -> int:
+    """Capture until `stop`; frame errors are counted, a run of them is a DriverFault."""
+    errors_in_a_row = 0
+    errors = 0
+    while not stop.is_set():
+        try:
+            camera.capture(ring)
+        except DriverFault:
+            raise
+        except Exception as exc:
+            errors += 1
+            errors_in_a_row += 1
+            if errors_in_a_row >= MAX_ERRORS_IN_A_ROW:
+                raise DriverFault(
+                    f"{errors_in_a_row} frame errors in a row, last: {one_line(exc)}"
+                ) from exc
+            if errors == 1 or errors % 100 == 0:
+                _say(label, f"frame error #{errors} (skipped): {one_line(exc)}")
+            continue
+        errors_in_a_row = 0
+    return EXIT_OK
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run one camera process; returns the exit code."""
+    argv = sys.argv[1:] if argv is None else argv
+    try:
+        spec = parse_spec(argv)
+    except UsageError as exc:
+        _say(_guess_label(argv), str(exc))
+        return EXIT_USAGE
+    label = f"camera {spec.name!r}"
+    stop = install_stop_signals()  # first: a self-SIGTERM from die_with_parent is a clean stop
+    die_with_parent(spec.parent_pid)
+    with contextlib.ExitStack() as stack:
+        try:
+            ring = FrameRing.attach(spec.ring)
+            stack.callback(ring.close)
+            world = None
+            if spec.world is not None:
+                from drivers.sim.world import SimWorld
+
+                world = SimWorld.attach(spec.world)
+                stack.callback(world.close)
+            camera = build_camera(spec, world, stop)
+            if tuple(camera.shape) != ring.shape:
+                raise UsageError(
+                    f"ring {spec.ring!r} holds frames of {ring.shape}, camera makes {camera.shape}"
+                )
+        except (UsageError, ShmError, ValueError) as exc:
+            _say(label, str(exc))
+            return EXIT_USAGE
+        stack.callback(camera.close)
+        try:
+            camera.open()
+            return capture_loop(camera, ring, stop, label)
+        except DriverFault as exc:
+            _say(label, f"driver fault: {one_line(exc)}")
+            return EXIT_DRIVER
+
+
+def _say(label: str, message: str) -> None:
+    print(f"{_PROG}: {label}: {' '.join(message.split())}", file=sys.stderr, flush=True)
+
+
+def _guess_label(argv: list[str]) -> str:
+    """Name the camera in a usage error if the json gets that far."""
+    with contextlib.suppress(Exception):
+        import json
+
+        name = json.loads(argv[0]).get("name")
+        if isinstance(name, str) and name:
+            return f"camera {name!r}"
+    return "camera <unknown>"
+
+
+if __name__ == "__main__":
+    sys.exit(main())

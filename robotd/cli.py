@@ -1,0 +1,73 @@
+"""`robotd run | serve | check`: the daemon, the reference policy worker, a config check."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from robotd.config import DEFAULT_CONFIG, _parse_value, load_config
+from robotd.errors import ConfigError
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="robotd", description="On-robot realtime control daemon.")
+    sub = p.add_subparsers(dest="command", required=True)
+
+    run = sub.add_parser("run", help="run the daemon on a robot config")
+    run.add_argument("--config", type=Path, default=DEFAULT_CONFIG, help="robot config (TOML)")
+    run.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                     help="override one config key by its dotted path (value in TOML syntax)")
+    run.add_argument("--duration", type=float, default=None, help="stop after this many seconds")
+    run.add_argument("--summary", type=Path, default=None, help="write the run's summary JSON here")
+    run.add_argument("--worker", default=None, help="endpoint of a remote policy worker")
+    run.add_argument("--no-status", action="store_true", help="no live status line")
+    run.add_argument("-v", "--verbose", action="store_true")
+
+    serve = sub.add_parser("serve", help="serve a policy to robotd daemons")
+    serve.add_argument("policy", help="MODULE:CLASS of the policy")
+    serve.add_argument("--bind", required=True, help="ZeroMQ endpoint, e.g. tcp://0.0.0.0:5555")
+    serve.add_argument("--arg", dest="args", action="append", default=[], metavar="KEY=VALUE",
+                       help="keyword argument for the policy's constructor (value in TOML syntax)")
+    serve.add_argument("--args-json", default=None, help=argparse.SUPPRESS)
+
+    check = sub.add_parser("check", help="validate a robot config and print it resolved")
+    check.add_argument("--config", type=Path, default=DEFAULT_CONFIG)
+    check.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
+    return p
+
+
+def _policy_kwargs(args: argparse.Namespace) -> dict:
+    kwargs = json.loads(args.args_json) if args.args_json else {}
+    for item in args.args:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise SystemExit(f"robotd serve: --arg {item!r}: expected KEY=VALUE")
+        kwargs[key] = _parse_value(value)
+    return kwargs
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    if args.command == "serve":
+        from robotd.daemon import setup_logging
+        from robotd.worker.server import serve
+
+        setup_logging()
+        serve(args.policy, args.bind, policy_kwargs=_policy_kwargs(args))
+        return 0
+    try:
+        cfg = load_config(args.config, args.overrides)
+    except ConfigError as exc:
+        print(f"robotd: {exc}", file=sys.stderr)
+        return 2
+    if args.command == "check":
+        print(json.dumps(cfg.model_dump(mode="json"), indent=2))
+        return 0
+    from robotd import daemon
+
+    daemon.setup_logging(args.verbose)
+    opts = daemon.Options(duration=args.duration, summary=args.summary, worker=args.worker,
+                          status=not args.no_status)
+    return daemon.run(cfg, opts)

@@ -1,0 +1,254 @@
+"""One TOML file per robot, validated into typed models.
+
+Every error names the file, the key path and the rule, e.g.
+``config/x.toml: control.hz: must be > 0, got -5``. Unknown keys are errors.
+Driver options are validated by the driver's own ``Options`` model, so a typo in
+``[joints.options]`` is caught at start-up and not at the first tick.
+"""
+
+from __future__ import annotations
+
+import copy
+import os
+import tomllib
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from robotd.errors import ConfigError, format_validation_error
+
+DEFAULT_CONFIG = Path(__file__).resolve().parent.parent / "config" / "sim.toml"
+
+PositiveFloat = Annotated[float, Field(gt=0)]
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class RobotConfig(_Model):
+    name: str = "robot"
+    # latched: FAULT with the e-stop latched (every real robot); idle: no motion until
+    # `start`; episode: the first episode starts by itself (simulated robots only).
+    start: Literal["latched", "idle", "episode"] = "latched"
+
+
+class ControlConfig(_Model):
+    hz: float = Field(30.0, gt=0, le=2000)
+    spin_us: int = Field(200, ge=0, le=5000)
+    rt_priority: int = Field(80, ge=0, le=99)
+    lock_memory: bool = True
+    timing: Literal["sync", "realtime"] = "sync"
+    clock: Literal["wall", "virtual"] = "wall"
+    refill_steps: int = Field(4, ge=0)
+    merge: Literal["replace", "fade", "ensemble"] = "replace"
+    fade_steps: int = Field(5, ge=1)
+    ensemble_decay: float = Field(0.1, ge=0)
+    latency_s: float | None = Field(None, ge=0)  # virtual clock: fixed policy latency; None = measured
+    max_hold_steps: int = Field(300, ge=1)
+    max_steps: int = Field(0, ge=0)  # 0 = no limit
+    control_mode: Literal["absolute", "delta", "velocity"] = "absolute"
+    # a worker-side episode reset flushes the queue and holds, unless this lets it finish
+    finish_queue_on_reset: bool = False
+    stats_interval_s: float = Field(1.0, gt=0)
+
+
+class JointsConfig(_Model):
+    driver: str = "sim"
+    names: list[str] = Field(min_length=1)
+    grippers: list[str] = []
+    lower: list[float]
+    upper: list[float]
+    options: dict[str, Any] = {}
+
+    @model_validator(mode="after")
+    def _consistent(self) -> JointsConfig:
+        n = len(self.names)
+        if len(set(self.names)) != n:
+            raise ValueError(f"names: duplicate joint name in {self.names}")
+        for key in ("lower", "upper"):
+            got = len(getattr(self, key))
+            if got != n:
+                raise ValueError(f"{key}: needs one value per joint ({n}), got {got}")
+        for i, (lo, hi) in enumerate(zip(self.lower, self.upper)):
+            if not lo < hi:
+                raise ValueError(f"lower/upper: joint {self.names[i]!r} has lower {lo} >= upper {hi}")
+        unknown = [g for g in self.grippers if g not in self.names]
+        if unknown:
+            raise ValueError(f"grippers: {unknown} are not joint names {self.names}")
+        return self
+
+    def gripper_indices(self) -> tuple[int, ...]:
+        return tuple(self.names.index(g) for g in self.grippers)
+
+
+class SafetyConfig(_Model):
+    clip_tolerance: float = Field(0.05, ge=0)  # out of limits by at most this → clipped
+    max_velocity: list[float] | None = None  # per joint, units/s; None = no velocity limit
+    max_acceleration: list[float] | None = None  # per joint, units/s²
+    reject_run: int = Field(5, ge=1)  # this many rejected actions in a row latch FAULT
+    estop_category: Literal[0, 1] = 1
+    driver_fault_run: int = Field(3, ge=1)  # consecutive failed ticks before the driver is faulted
+
+
+class CameraConfig(_Model):
+    driver: str = "sim"
+    width: int = Field(gt=0, le=8192)
+    height: int = Field(gt=0, le=8192)
+    fps: float = Field(gt=0, le=1000)
+    max_age_ms: float = Field(200.0, gt=0)
+    ring_seconds: float = Field(2.0, gt=0, le=60)
+    options: dict[str, Any] = {}
+
+
+class PolicyConfig(_Model):
+    worker: str = ""  # endpoint of a remote worker; empty = start a local one
+    serve: str = "robotd.demo:DotFollower"  # MODULE:CLASS for the local worker
+    args: dict[str, Any] = {}
+    timeout_s: float = Field(10.0, gt=0)
+    stream_wait_s: float = Field(10.0, gt=0)
+    # for servers that cannot declare their contract (openpi): validated by robotd.contract
+    observations: dict[str, Any] | None = None
+    actions: dict[str, Any] | None = None
+
+
+class RuntimeConfig(_Model):
+    dir: str = ""  # run directory; empty = $RUNTIME_DIRECTORY or /tmp/robotd-<uid>
+    control_endpoint: str = ""  # operator socket; empty = ipc://<dir>/control.sock
+    telemetry_endpoint: str = ""  # empty = ipc://<dir>/telemetry.sock
+    telemetry_hz: float = Field(10.0, gt=0, le=100)
+
+
+class Config(_Model):
+    robot: RobotConfig = RobotConfig()
+    control: ControlConfig = ControlConfig()
+    joints: JointsConfig
+    safety: SafetyConfig = SafetyConfig()
+    cameras: dict[str, CameraConfig] = {}
+    policy: PolicyConfig = PolicyConfig()
+    runtime: RuntimeConfig = RuntimeConfig()
+
+    @model_validator(mode="after")
+    def _cross(self) -> Config:
+        n = len(self.joints.names)
+        for key in ("max_velocity", "max_acceleration"):
+            vals = getattr(self.safety, key)
+            if vals is not None and len(vals) != n:
+                raise ValueError(f"safety.{key}: needs one value per joint ({n}), got {len(vals)}")
+            if vals is not None and any(v <= 0 for v in vals):
+                raise ValueError(f"safety.{key}: every value must be > 0, got {vals}")
+        clash = set(self.cameras) & {"joints.pos", "joints.vel"}
+        for name in self.cameras:
+            if not name or not name.replace("_", "").replace("-", "").isalnum():
+                raise ValueError(f"cameras.{name!r}: a camera name must be alphanumeric (- and _ allowed)")
+        if clash:
+            raise ValueError(f"cameras: names {sorted(clash)} clash with joint observation keys")
+        if self.robot.start == "episode" and (
+            self.joints.driver != "sim" or any(c.driver != "sim" for c in self.cameras.values())
+        ):
+            raise ValueError(
+                "robot.start: 'episode' (start moving by itself) is allowed for simulated robots only; "
+                "a real robot starts 'latched'"
+            )
+        return self
+
+    @property
+    def observation_keys(self) -> list[str]:
+        """Every key a step's observation can hold: each camera, then the joint streams."""
+        return [*self.cameras, "joints.pos", "joints.vel"]
+
+
+def _parse_value(text: str) -> Any:
+    """A --set value in TOML syntax; a bare word that is not TOML is taken as a string."""
+    try:
+        return tomllib.loads(f"v = {text}")["v"]
+    except tomllib.TOMLDecodeError:
+        return text
+
+
+def _apply_override(raw: dict[str, Any], assignment: str) -> None:
+    if "=" not in assignment:
+        raise ConfigError(f"--set {assignment!r}: expected KEY=VALUE (e.g. control.hz=100)")
+    key, _, text = assignment.partition("=")
+    parts = key.strip().split(".")
+    if not all(parts):
+        raise ConfigError(f"--set {assignment!r}: empty part in key path {key!r}")
+    node = raw
+    for i, part in enumerate(parts[:-1]):
+        child = node.setdefault(part, {})
+        if not isinstance(child, dict):
+            where = ".".join(parts[: i + 1])
+            raise ConfigError(f"--set {key}: {where} is a value, not a table")
+        node = child
+    node[parts[-1]] = _parse_value(text.strip())
+
+
+def load_config(path: str | os.PathLike[str] | None = None, overrides: Sequence[str] = ()) -> Config:
+    """Read, override and validate a robot config; ConfigError names file, key path and rule."""
+    path = Path(path) if path is not None else DEFAULT_CONFIG
+    where = str(path)
+    try:
+        text = path.read_text()
+    except FileNotFoundError:
+        raise ConfigError(f"{where}: no such config file") from None
+    except OSError as exc:
+        raise ConfigError(f"{where}: cannot read: {exc.strerror}") from None
+    try:
+        raw = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"{where}: not valid TOML: {exc}") from None
+    return config_from_dict(raw, where=where, overrides=overrides)
+
+
+def config_from_dict(
+    raw: dict[str, Any], *, where: str = "<config>", overrides: Iterable[str] = ()
+) -> Config:
+    raw = copy.deepcopy(raw)
+    for assignment in overrides:
+        _apply_override(raw, assignment)
+    try:
+        cfg = Config.model_validate(raw)
+    except ValidationError as exc:
+        raise ConfigError(format_validation_error(exc, where)) from None
+    _check_driver_options(cfg, where)
+    return cfg
+
+
+def _check_driver_options(cfg: Config, where: str) -> None:
+    from drivers.registry import camera_class, joint_driver_class
+
+    try:
+        cls = joint_driver_class(cfg.joints.driver)
+    except LookupError as exc:
+        raise ConfigError(f"{where}: joints.driver: {exc}") from None
+    _validate_options(cls, cfg.joints.options, where, "joints.options")
+    for name, cam in cfg.cameras.items():
+        try:
+            ccls = camera_class(cam.driver)
+        except LookupError as exc:
+            raise ConfigError(f"{where}: cameras.{name}.driver: {exc}") from None
+        _validate_options(ccls, cam.options, where, f"cameras.{name}.options")
+
+
+def _validate_options(cls: type, options: dict[str, Any], where: str, prefix: str) -> None:
+    model = getattr(cls, "Options", None)
+    if model is None:
+        if options:
+            raise ConfigError(f"{where}: {prefix}: driver {cls.__name__} takes no options")
+        return
+    try:
+        model.model_validate(options)
+    except ValidationError as exc:
+        raise ConfigError(format_validation_error(exc, where, prefix)) from None
+
+
+def runtime_dir(cfg: Config) -> Path:
+    """Where sockets, the trace and the summary live for this run."""
+    if cfg.runtime.dir:
+        return Path(cfg.runtime.dir)
+    env = os.environ.get("RUNTIME_DIRECTORY")
+    if env:
+        return Path(env.split(":")[0])
+    return Path(f"/tmp/robotd-{os.getuid()}")

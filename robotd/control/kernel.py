@@ -1,0 +1,389 @@
+"""The control kernel: one tick's update between reading and writing the joints.
+
+read (the caller) → build step s → merge any chunk that arrived → ask if the queue
+runs low → pop the next action or hold → shield → target to write (the caller).
+
+It owns the episode state, the action queue and the shield, and knows nothing of
+clocks, sockets or processes: the control process drives it from its ticker and
+ZeroMQ sockets, the virtual-clock runner drives it step by step. Everything it
+tells the outside world goes through `emit(message)` as a small dict.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+from typing import Any
+
+import numpy as np
+
+from drivers.base import JointState
+from robotd.config import Config
+from robotd.control.episode import CommandRefused, EpisodeMachine, State
+from robotd.control.queue import ActionQueue, QueueConfig
+from robotd.control.shield import REJECTED, Shield
+
+Emit = Callable[[dict[str, Any]], None]
+
+
+@dataclass(slots=True)
+class Chunk:
+    """Rows computed from step `step` of worker episode `wep`, answering ask `ask_id`."""
+
+    ask_id: int
+    wep: str
+    step: int
+    rows: np.ndarray
+
+
+@dataclass(slots=True)
+class Counters:
+    ticks: int = 0
+    steps: int = 0
+    episodes: int = 0
+    acts: int = 0
+    act_failures: int = 0
+    chunks: int = 0
+    late_chunks: int = 0  # answers to an ask no longer in flight (episode changed)
+    holds: int = 0
+    max_consecutive_holds: int = 0
+    starved_episodes: int = 0
+    episode_resets: int = 0
+    invalid_observations: int = 0
+    driver_errors: int = 0
+    bad_chunks: int = 0
+
+
+class Kernel:
+    """Per-tick control logic; see the module docstring for the order of work."""
+
+    def __init__(
+        self,
+        cfg: Config,
+        *,
+        run_id: str,
+        emit: Emit,
+        asker: Callable[[dict[str, Any]], Chunk | None] | None = None,
+    ) -> None:
+        self.cfg = cfg
+        self.run_id = run_id
+        self.emit = emit
+        # The wall-clock lane only sends the ask; the virtual runner answers it at once.
+        self._asker = asker
+        self.names = list(cfg.joints.names)
+        self.dim = len(self.names)
+        self.dt = 1.0 / cfg.control.hz
+        c = cfg.control
+        self.machine = EpisodeMachine(cfg.robot.start)
+        self._queue_cfg = QueueConfig(
+                dim=self.dim,
+                timing=c.timing,
+                open_loop_horizon=None,
+                refill_steps=c.refill_steps,
+                merge=c.merge,
+                fade_steps=c.fade_steps,
+                ensemble_decay=c.ensemble_decay,
+                grippers=cfg.joints.gripper_indices(),
+            )
+        self.queue = ActionQueue(self._queue_cfg)
+        s = cfg.safety
+        self.shield = Shield(
+            self.names,
+            np.asarray(cfg.joints.lower),
+            np.asarray(cfg.joints.upper),
+            clip_tolerance=s.clip_tolerance,
+            dt=self.dt,
+            max_velocity=None if s.max_velocity is None else np.asarray(s.max_velocity),
+            max_acceleration=None if s.max_acceleration is None else np.asarray(s.max_acceleration),
+            reject_run=s.reject_run,
+        )
+        self.counters = Counters()
+        self.cam_limits = {name: int(cam.max_age_ms * 1e6) for name, cam in cfg.cameras.items()}
+        self.step = 0  # step within the worker-side episode
+        self.wep = ""  # worker-side episode id
+        self._wep_n = 0
+        self._in_flight: int | None = None  # ask id
+        self._ask_id = 0
+        self._retry_at_tick = 0  # after a failed act, wait before asking again
+        self._pending: list[Chunk] = []
+        self._consecutive_holds = 0
+        self._driver_fail_run = 0
+        self.torque_on = True
+        self._torque_off_at_tick: int | None = None
+        self._anchored = False
+        # A simulated robot starts its first episode by itself, once the policy link is up.
+        self._autostart = cfg.robot.start == "episode"
+
+    # ---- commands and messages from the main process --------------------------------------
+
+    def command(self, cmd: str, args: dict[str, Any]) -> dict[str, Any]:
+        """Apply an operator command; returns the result or raises CommandRefused."""
+        m = self.machine
+        if cmd == "estop":
+            self._latch("estop", str(args.get("reason") or "operator e-stop"), active=False)
+        elif cmd == "clear_fault":
+            m.clear_fault()
+            self.torque_on = True
+            self._torque_off_at_tick = None
+            # The joints may have moved (sagged, pushed) while torque was off: hold where they
+            # are now, never jump back to the old target.
+            self._anchored = False
+            self._event("fault_cleared")
+        elif cmd == "start":
+            m.start()
+            self._start_episode(already_started=True)
+        elif cmd == "stop":
+            if not self._end_episode("stopped"):
+                raise CommandRefused("bad_state", f"stop needs RUNNING, state is {m.state}")
+        elif cmd == "reset_done":
+            m.reset_done()
+            self._event("reset_done")
+        elif cmd == "status":
+            pass
+        else:
+            raise CommandRefused("unknown_command", f"the control lane has no command {cmd!r}")
+        return self.status()
+
+    def status(self) -> dict[str, Any]:
+        m = self.machine
+        return {
+            "state": str(m.state),
+            "episode": m.episode,
+            "wep": self.wep,
+            "step": self.step,
+            "outcome": m.outcome,
+            "fault": None if m.fault is None else {"cause": m.fault.cause, "detail": m.fault.detail,
+                                                   "active": m.fault.active},
+            "queue": len(self.queue),
+            "in_flight": self._in_flight is not None,
+            "torque": self.torque_on,
+        }
+
+    def set_contract(self, open_loop_horizon: int | None) -> None:
+        """The worker's action contract: sync plays at most this many rows of a chunk."""
+        self.queue.flush()
+        self._queue_cfg = replace(self._queue_cfg, open_loop_horizon=open_loop_horizon)
+        self.queue = ActionQueue(self._queue_cfg)
+        if self._autostart:
+            self._autostart = False
+            self._start_episode()
+
+    def deliver(self, chunk: Chunk) -> None:
+        """A chunk arrived; it is merged at the start of the next update."""
+        self._pending.append(chunk)
+
+    def act_failed(self, ask_id: int, reason: str) -> None:
+        if ask_id == self._in_flight:
+            self._in_flight = None
+            self.counters.act_failures += 1
+            self._retry_at_tick = self.counters.ticks + max(1, int(0.5 / self.dt))
+            self._event("act_failed", reason=reason, ask=ask_id)
+
+    def episode_lost(self, cause: str) -> None:
+        """The worker's copy of the policy is gone: go on in a new worker-side episode."""
+        if self.machine.state is not State.RUNNING:
+            return
+        self.counters.episode_resets += 1
+        flushed = 0 if self.cfg.control.finish_queue_on_reset else self.queue.flush()
+        old = self.wep
+        self._new_worker_episode()
+        self._event("episode_reset", cause=cause, old_wep=old, new_wep=self.wep, flushed=flushed)
+
+    # ---- the tick --------------------------------------------------------------------------
+
+    def update(
+        self,
+        now_ns: int,
+        joints: JointState | None,
+        frames: dict[str, tuple[int, int] | None],
+        truth: dict[str, float] | None = None,
+    ) -> np.ndarray | None:
+        """One tick. `joints` None means the read failed this tick. Returns the target to
+        write, or None when nothing may be written (torque off or no joint state yet)."""
+        self.counters.ticks += 1
+        if joints is None:
+            return self._driver_trouble()
+        self._driver_fail_run = 0
+        if not self._anchored:
+            self.shield.reset(joints.position)
+            self._anchored = True
+        self.machine.cause_gone("driver")
+        if self.machine.state is State.ENDED:
+            self.machine.begin_reset()
+        self._check_torque()
+        if self.machine.state is not State.RUNNING:
+            self._pending.clear()
+            return self._held(None)
+        valid = self._record_step(now_ns, joints, frames, truth)
+        self._merge_pending()
+        if valid is not None and self._should_ask():
+            self._ask()
+        row = self.queue.pop(self.step)
+        target = self._play(row) if row is not None else self._held(self.step)
+        self.step += 1
+        self.counters.steps += 1
+        limit = self.cfg.control.max_steps
+        if limit and self.step >= limit:
+            self._end_episode("max_steps")
+        return target
+
+    # ---- pieces of the tick ----------------------------------------------------------------
+
+    def _record_step(self, now_ns, joints, frames, truth) -> bool | None:
+        cams = {}
+        valid = True
+        for name, limit in self.cam_limits.items():
+            latest = frames.get(name)
+            cams[name] = latest
+            if latest is None or now_ns - latest[1] > limit:
+                valid = False
+        if not valid:
+            self.counters.invalid_observations += 1
+        self.emit(
+            {
+                "k": "step",
+                "ep": self.machine.episode,
+                "wep": self.wep,
+                "s": self.step,
+                "t": now_ns,
+                "pos": joints.position.tolist(),
+                "vel": joints.velocity.tolist(),
+                "cams": cams,
+                "ok": valid,
+                "gt": truth or None,
+            }
+        )
+        return True if valid else None
+
+    def _merge_pending(self) -> None:
+        for chunk in self._pending:
+            if chunk.ask_id != self._in_flight or chunk.wep != self.wep:
+                self.counters.late_chunks += 1
+                self._event("chunk_discarded", ask=chunk.ask_id, reason="not the act in flight")
+                continue
+            self._in_flight = None
+            rows = chunk.rows
+            if rows.ndim != 2 or rows.shape[1] != self.dim or rows.shape[0] == 0:
+                self.counters.bad_chunks += 1
+                self._event("bad_chunk", ask=chunk.ask_id, shape=list(rows.shape), dim=self.dim)
+                continue
+            self.counters.chunks += 1
+            result = self.queue.merge(rows, chunk.step, self.step)
+            self.emit(
+                {"k": "chunk", "ask": chunk.ask_id, "wep": chunk.wep, "from": chunk.step,
+                 "at": self.step, "rows": int(rows.shape[0]), "dropped": result.dropped,
+                 "stale": result.stale}
+            )
+        self._pending.clear()
+
+    def _should_ask(self) -> bool:
+        return self.counters.ticks >= self._retry_at_tick and self.queue.should_ask(
+            self._in_flight is not None
+        )
+
+    def _ask(self) -> None:
+        self._ask_id += 1
+        self._in_flight = self._ask_id
+        self.counters.acts += 1
+        ask = {"k": "ask", "id": self._ask_id, "wep": self.wep, "s": self.step,
+               "ep": self.machine.episode, "queue": len(self.queue)}
+        self.emit(ask)
+        if self._asker is not None:
+            chunk = self._asker(ask)
+            if chunk is not None:
+                self.deliver(chunk)
+                self._merge_pending()
+
+    def _play(self, row: np.ndarray) -> np.ndarray:
+        mode = self.cfg.control.control_mode
+        last = self.shield.last
+        if mode == "delta":
+            row = last + row
+        elif mode == "velocity":
+            row = last + row * self.dt
+        verdict = self.shield.check(row)
+        if verdict.outcome != "ok":
+            self.emit({"k": "shield", "outcome": verdict.outcome, "reason": verdict.reason,
+                       "s": self.step})
+        if verdict.outcome == REJECTED:
+            if verdict.fault:
+                self._latch("safety", f"{self.cfg.safety.reject_run} rejected actions in a row: "
+                            f"{verdict.reason}")
+            return self._held(self.step, count_watchdog=False)
+        self._consecutive_holds = 0
+        return verdict.target
+
+    def _held(self, step: int | None, count_watchdog: bool = True) -> np.ndarray | None:
+        target = self.shield.hold() if self._anchored else None
+        if step is None:
+            return target if self.torque_on else None
+        self.counters.holds += 1
+        if count_watchdog:
+            self._consecutive_holds += 1
+            c = self.counters
+            c.max_consecutive_holds = max(c.max_consecutive_holds, self._consecutive_holds)
+            if self._consecutive_holds >= self.cfg.control.max_hold_steps:
+                self.counters.starved_episodes += 1
+                self._end_episode("starved")
+        return target if self.torque_on else None
+
+    def _driver_trouble(self) -> np.ndarray | None:
+        self.counters.driver_errors += 1
+        self._driver_fail_run += 1
+        if self._driver_fail_run >= self.cfg.safety.driver_fault_run:
+            self._latch("driver", f"{self._driver_fail_run} failed joint reads in a row")
+        # Without a fresh read the last approved target is still the safest command.
+        return self.shield.hold() if self._anchored and self.torque_on else None
+
+    def _check_torque(self) -> None:
+        if self._torque_off_at_tick is not None and self.counters.ticks >= self._torque_off_at_tick:
+            self._torque_off_at_tick = None
+            if self.torque_on:
+                self.torque_on = False
+                self._event("torque_off")
+
+    # ---- episodes --------------------------------------------------------------------------
+
+    def _start_episode(self, already_started: bool = False) -> None:
+        if not already_started:
+            self.machine.start()
+        self.counters.episodes += 1
+        self._consecutive_holds = 0
+        self.queue.flush()
+        self._new_worker_episode()
+        self._event("episode_start", episode=self.machine.episode, wep=self.wep)
+
+    def _new_worker_episode(self) -> None:
+        self._wep_n += 1
+        self.wep = f"{self.run_id}-{self._wep_n}"
+        self.step = 0
+        self._in_flight = None
+        self._pending.clear()
+
+    def _end_episode(self, outcome: str) -> bool:
+        if not self.machine.end(outcome):
+            return False
+        flushed = self.queue.flush()
+        self._in_flight = None
+        self._event("episode_end", episode=self.machine.episode, wep=self.wep, outcome=outcome,
+                    steps=self.step, flushed=flushed)
+        return True
+
+    def _latch(self, cause: str, detail: str, *, active: bool = True) -> None:
+        was_running = self.machine.state is State.RUNNING
+        if was_running:
+            self._event("episode_end", episode=self.machine.episode, wep=self.wep, outcome="fault",
+                        steps=self.step, flushed=self.queue.flush())
+            self._in_flight = None
+        entered = self.machine.latch(cause, detail, active=active)
+        if entered:
+            category = self.cfg.safety.estop_category
+            if cause == "estop" and category == 0:
+                self.torque_on = False
+            elif cause == "estop":
+                # Category 1: hold (controlled stop) for half a second, then torque off.
+                self._torque_off_at_tick = self.counters.ticks + max(1, int(0.5 / self.dt))
+            self._event("fault", cause=cause, detail=detail)
+
+    def _event(self, name: str, **fields: Any) -> None:
+        self.emit({"k": "event", "name": name, "tick": self.counters.ticks, **fields})

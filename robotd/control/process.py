@@ -1,0 +1,258 @@
+"""The control process: the realtime lane.
+
+One loop thread, absolute deadlines (robotd.control.ticker), SCHED_FIFO and
+mlockall when permitted, gc frozen after start-up. Per tick: drain the inbound
+socket (commands, chunks) → read the joints → take each camera's newest frame
+reference → kernel.update → write the joints → publish what the kernel emitted.
+Outbound sends never block: a full queue counts a drop and the loop goes on.
+
+Started by the main process as ``python -m robotd.control.process '<json>'``; the
+json carries the validated config and the endpoints/shared-memory names to use.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import sys
+import threading
+import time
+from dataclasses import asdict
+from typing import Any
+
+import numpy as np
+import zmq
+
+from drivers.base import DriverFault, JointDriver
+from drivers.registry import joint_driver_class
+from robotd import wire
+from robotd.config import Config
+from robotd.control.episode import CommandRefused
+from robotd.control.histogram import LatencyHistogram
+from robotd.control.kernel import Chunk, Kernel
+from robotd.control.rt import enable_realtime, freeze_gc
+from robotd.control.ticker import OverrunLog, Ticker
+from robotd.procutil import die_with_parent, install_stop_signals
+from robotd.shm import FrameRing
+
+log = logging.getLogger("robotd.control")
+
+MAX_INBOUND_PER_TICK = 32
+
+
+def open_joint_driver(cfg: Config, world_name: str | None) -> JointDriver:
+    """Build the configured joint driver (the sim arm shares its world with the cameras)."""
+    cls = joint_driver_class(cfg.joints.driver)
+    options = cls.Options.model_validate(cfg.joints.options) if hasattr(cls, "Options") else None
+    kwargs: dict[str, Any] = {}
+    if cfg.joints.driver == "sim" and world_name:
+        from drivers.sim.world import SimWorld
+
+        kwargs["world"] = SimWorld.attach(world_name)
+    driver = cls(cfg.joints.names, options, **kwargs)
+    driver.open()
+    return driver
+
+
+class ControlLane:
+    """Owns the sockets, the driver, the rings and the kernel; runs the loop thread."""
+
+    def __init__(self, spec: dict[str, Any]) -> None:
+        self.cfg = Config.model_validate(spec["config"])
+        self.spec = spec
+        ctx = zmq.Context.instance()
+        self.up = ctx.socket(zmq.PUSH)
+        self.up.setsockopt(zmq.SNDHWM, 10_000)
+        self.up.setsockopt(zmq.LINGER, 500)
+        self.up.connect(spec["up"])
+        self.down = ctx.socket(zmq.PULL)
+        self.down.setsockopt(zmq.LINGER, 0)
+        self.down.bind(spec["down"])
+        self.dropped = 0
+        self.kernel = Kernel(self.cfg, run_id=spec["run_id"], emit=self._send)
+        self.driver = open_joint_driver(self.cfg, spec.get("world"))
+        self.rings = {name: FrameRing.attach(ring) for name, ring in spec.get("rings", {}).items()}
+        self.has_truth = bool(self.driver.ground_truth())
+        self.hist = LatencyHistogram()
+        self.ticker = Ticker.from_hz(self.cfg.control.hz, spin_ns=self.cfg.control.spin_us * 1000)
+        self.stop = threading.Event()
+        self.torque = True
+        self.warnings: list[str] = []
+
+    # ---- messaging -------------------------------------------------------------------------
+
+    def _send(self, msg: dict[str, Any]) -> None:
+        try:
+            self.up.send(wire.packb(msg), zmq.NOBLOCK)
+        except zmq.Again:
+            self.dropped += 1
+
+    def _drain(self) -> None:
+        for _ in range(MAX_INBOUND_PER_TICK):
+            try:
+                data = self.down.recv(zmq.NOBLOCK)
+            except zmq.Again:
+                return
+            try:
+                msg = wire.unpackb(data)
+                self._handle(msg)
+            except Exception as exc:  # a bad message must never stop the lane
+                self._send({"k": "event", "name": "bad_message", "error": str(exc)[:300]})
+
+    def _handle(self, msg: Any) -> None:
+        if not isinstance(msg, dict):
+            raise ValueError(f"inbound message must be a map, got {type(msg).__name__}")
+        kind = msg.get("k")
+        if kind == "chunk":
+            rows = msg["rows"]
+            if not isinstance(rows, np.ndarray):
+                rows = np.asarray(rows, dtype=np.float64)
+            self.kernel.deliver(Chunk(int(msg["ask"]), str(msg["wep"]), int(msg["s"]),
+                                      rows.astype(np.float64, copy=False)))
+        elif kind == "cmd":
+            rid = msg.get("id")
+            try:
+                result = self.kernel.command(str(msg["cmd"]), msg.get("args") or {})
+                self._send({"k": "reply", "id": rid, "ok": True, "result": result})
+            except CommandRefused as exc:
+                self._send({"k": "reply", "id": rid, "ok": False,
+                            "error": {"code": exc.code, "message": str(exc)}})
+            self._send({"k": "state", **self.kernel.status()})
+        elif kind == "act_failed":
+            self.kernel.act_failed(int(msg["ask"]), str(msg.get("reason", "")))
+        elif kind == "episode_lost":
+            self.kernel.episode_lost(str(msg.get("cause", "unknown")))
+        elif kind == "contract":
+            olh = msg.get("open_loop_horizon")
+            self.kernel.set_contract(None if olh is None else int(olh))
+        elif kind == "stop":
+            self.stop.set()
+        else:
+            raise ValueError(f"unknown inbound message kind {kind!r}")
+
+    # ---- the loop --------------------------------------------------------------------------
+
+    def _stats(self, tick_index: int) -> None:
+        c = self.kernel.counters
+        q = self.kernel.queue.counters
+        s = self.kernel.shield.counters
+        self._send(
+            {
+                "k": "stats",
+                **asdict(c),
+                "missed_ticks": self.ticker.missed,
+                "elapsed_s": (time.monotonic_ns() - self.ticker.origin_ns) / 1e9,
+                "overruns": self.ticker.overruns,
+                "stale_chunks": q.stale_chunks,
+                "rows_dropped": q.rows_dropped,
+                "interventions": s.interventions,
+                "clipped": s.clipped,
+                "clamped": s.clamped,
+                "rejected": s.rejected,
+                "dropped_messages": self.dropped,
+                "lateness": self.hist.to_wire(),
+                "state": self.kernel.status(),
+                "driver": asdict(self.driver.stats()),
+            }
+        )
+
+    def _tick_io(self) -> None:
+        try:
+            joints = self.driver.read()
+        except DriverFault as exc:
+            joints = None
+            self._send({"k": "event", "name": "driver_error", "error": str(exc), "joint": exc.joint})
+        frames = {name: ring.latest() for name, ring in self.rings.items()}
+        truth = self.driver.ground_truth() if self.has_truth else None
+        target = self.kernel.update(time.monotonic_ns(), joints, frames, truth)
+        if self.kernel.torque_on != self.torque:
+            self.torque = self.kernel.torque_on
+            try:
+                self.driver.torque(self.torque)
+            except DriverFault as exc:
+                self._send({"k": "event", "name": "driver_error", "error": str(exc)})
+        if target is not None:
+            try:
+                self.driver.write(target)
+            except DriverFault as exc:
+                self._send({"k": "event", "name": "driver_error", "error": str(exc)})
+
+    def run(self) -> None:
+        """The loop thread's body: returns when `stop` is set, the robot holding."""
+        self.warnings = enable_realtime(self.cfg.control.rt_priority, self.cfg.control.lock_memory)
+        for w in self.warnings:
+            self._send({"k": "event", "name": "rt_warning", "detail": w})
+        stats_every = max(1, round(self.cfg.control.stats_interval_s * self.cfg.control.hz))
+        overruns = OverrunLog()
+        freeze_gc()
+        self.ticker.start()
+        first = True
+        while not self.stop.is_set():
+            tick = self.ticker.wait()
+            self.hist.add(tick.lateness_ns)
+            if tick.skipped:
+                report = overruns.record(tick.woke_ns, tick.skipped)
+                if report is not None:
+                    self._send({"k": "event", "name": "overrun", "overruns": report[0],
+                                "skipped": report[1]})
+            self._drain()
+            self._tick_io()
+            if first:
+                self._send({"k": "ready", "pid": _pid(), "warnings": self.warnings})
+                first = False
+            if tick.index % stats_every == 0:
+                self._stats(tick.index)
+        self._stats(-1)
+        self._send({"k": "bye"})
+
+    def run_guarded(self) -> None:
+        try:
+            self.run()
+        except BaseException as exc:
+            log.exception("control loop died")
+            self._send({"k": "event", "name": "loop_died", "error": repr(exc)[:300]})
+            raise
+        finally:
+            self.stop.set()
+
+    def close(self) -> None:
+        try:
+            self.driver.close()
+        finally:
+            for ring in self.rings.values():
+                ring.close()
+            self.up.close()
+            self.down.close()
+
+
+def _pid() -> int:
+    import os
+
+    return os.getpid()
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    logging.basicConfig(level=logging.INFO, format="control: %(message)s")
+    die_with_parent()
+    stop = install_stop_signals()
+    try:
+        spec = json.loads(argv[0])
+        lane = ControlLane(spec)
+    except (IndexError, ValueError, KeyError) as exc:
+        print(f"robotd control: bad start-up spec: {exc}", file=sys.stderr)
+        return 2
+    except DriverFault as exc:
+        print(f"robotd control: joint driver failed to open: {exc}", file=sys.stderr)
+        return 3
+    lane.stop = stop  # a signal and an inbound "stop" end the loop the same way
+    thread = threading.Thread(target=lane.run_guarded, name="control-loop", daemon=True)
+    thread.start()
+    stop.wait()
+    thread.join(timeout=5.0)
+    lane.close()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

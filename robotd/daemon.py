@@ -1,0 +1,407 @@
+"""The main process (the async lane): start the other lanes, link them, supervise, stop.
+
+Everything here runs on anyio (uvloop). It creates the shared memory (sim world,
+one frame ring per camera), starts the control process, one process per camera
+and (unless a remote worker is named) a local policy worker, answers the control
+lane's asks through the policy link, serves operators, notifies systemd, and on
+SIGINT/SIGTERM or the end of --duration stops everything and writes the summary.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import secrets
+import signal
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import anyio
+import zmq
+import zmq.asyncio
+
+from robotd import sdnotify, wire
+from robotd.config import Config, runtime_dir
+from robotd.contract import Actions, ContractError, Observations
+from robotd.link.client import Handshake, PolicyClient, PolicyError
+from robotd.link.session import ActLink, FrameSource, StepRing, choose_contract
+from robotd.link.windows import WindowPlanner
+from robotd.operator.server import OperatorServer
+from robotd.shm import FrameRing, ring_slots, unlink_prefix
+from robotd.status import StatusLine
+from robotd.summary import RunSummary
+from robotd.supervisor import Child, Supervisor, python_module
+
+log = logging.getLogger("robotd")
+
+SHM_PREFIX = "robotd-"
+READY_TIMEOUT_S = 30.0
+
+
+class StartupError(RuntimeError):
+    """The daemon could not bring its lanes up; the message says which and why."""
+
+
+@dataclass
+class Options:
+    duration: float | None = None
+    summary: Path | None = None
+    worker: str | None = None
+    status: bool = True
+
+
+@dataclass
+class Shared:
+    """Shared memory owned by this main process (unlinked at exit)."""
+
+    prefix: str
+    world: Any = None
+    rings: dict[str, FrameRing] = field(default_factory=dict)
+
+    def unlink(self) -> None:
+        for ring in self.rings.values():
+            ring.close()
+            ring.unlink()
+        if self.world is not None:
+            self.world.close()
+            self.world.unlink()
+        unlink_prefix(self.prefix)
+
+
+def _clean_stale_shm() -> None:
+    """Remove shared memory left by daemons that died without cleaning up (dead pids)."""
+    for path in Path("/dev/shm").glob(f"{SHM_PREFIX}*"):
+        parts = path.name.split("-")
+        if len(parts) >= 2 and parts[1].isdigit() and not Path(f"/proc/{parts[1]}").exists():
+            unlink_prefix(f"{SHM_PREFIX}{parts[1]}-")
+
+
+def _create_shared(cfg: Config) -> Shared:
+    _clean_stale_shm()
+    shared = Shared(prefix=f"{SHM_PREFIX}{os.getpid()}-")
+    if cfg.joints.driver == "sim" or any(c.driver == "sim" for c in cfg.cameras.values()):
+        from drivers.sim.world import SimWorld
+
+        shared.world = SimWorld.create(shared.prefix + "world", len(cfg.joints.names),
+                                       time.monotonic_ns())
+    for name, cam in cfg.cameras.items():
+        slots = ring_slots(cam.fps, cam.ring_seconds)
+        shared.rings[name] = FrameRing.create(shared.prefix + name, (cam.height, cam.width, 3), slots)
+    return shared
+
+
+class Daemon:
+    """One run of robotd: owns the sockets, the children and the run's counters."""
+
+    def __init__(self, cfg: Config, opts: Options) -> None:
+        self.cfg = cfg
+        self.opts = opts
+        self.run_id = secrets.token_hex(3)
+        self.dir = runtime_dir(cfg)
+        self.dir.mkdir(parents=True, exist_ok=True, mode=0o750)
+        pid = os.getpid()
+        self.up_ep = f"ipc://{self.dir}/up-{pid}.sock"
+        self.down_ep = f"ipc://{self.dir}/down-{pid}.sock"
+        self.summary = RunSummary(cfg.control.hz)
+        self.ready = anyio.Event()
+        self.stop = anyio.Event()
+        self.state: dict[str, Any] = {}
+        self.exit_code = 0
+        self.link: ActLink | None = None
+        self._replies: dict[int, Any] = {}
+        self._reply_id = 0
+        self.shared: Shared | None = None
+        self.ctx = zmq.asyncio.Context()
+        self.down = self.ctx.socket(zmq.PUSH)
+        self.down.setsockopt(zmq.LINGER, 1000)
+        self.down.setsockopt(zmq.SNDHWM, 1000)
+        self.up = self.ctx.socket(zmq.PULL)
+        self.up.setsockopt(zmq.LINGER, 0)
+        self.handshake: Handshake | None = None
+        self.client: PolicyClient | None = None
+        self.sup: Supervisor | None = None
+
+    # ---- lanes -----------------------------------------------------------------------------
+
+    def send_down(self, msg: dict[str, Any]) -> None:
+        try:
+            self.down.send(wire.packb(msg), zmq.NOBLOCK)
+        except zmq.Again:
+            log.error("control lane inbound queue full: dropped %s", msg.get("k"))
+
+    async def control_command(self, cmd: str, args: dict[str, Any], timeout_s: float = 2.0) -> Any:
+        """Forward an operator command to the control lane and wait for its reply."""
+        self._reply_id += 1
+        rid = self._reply_id
+        event = anyio.Event()
+        self._replies[rid] = event
+        self.send_down({"k": "cmd", "id": rid, "cmd": cmd, "args": args})
+        try:
+            with anyio.fail_after(timeout_s):
+                await event.wait()
+        except TimeoutError:
+            raise TimeoutError(f"the control lane did not answer {cmd!r} within {timeout_s} s") from None
+        finally:
+            reply = self._replies.pop(rid, None)
+        return reply
+
+    async def _receive_up(self, tg: anyio.abc.TaskGroup) -> None:
+        while True:
+            data = await self.up.recv()
+            try:
+                msg = wire.unpackb(data)
+                self._on_up(msg, tg)
+            except Exception:
+                log.exception("bad message from the control lane")
+
+    def _on_up(self, msg: dict[str, Any], tg: anyio.abc.TaskGroup) -> None:
+        kind = msg.get("k")
+        if kind == "step":
+            self.steps.add(msg)
+            self.summary.on_step(msg)
+        elif kind == "ask":
+            if self.link is not None:
+                tg.start_soon(self.link.on_ask, msg)
+            else:
+                self.send_down({"k": "act_failed", "ask": msg["id"], "reason": "no policy link"})
+        elif kind == "stats":
+            self.summary.on_stats(msg)
+            self.state = msg.get("state", self.state)
+            sdnotify.tick_progress(int(msg.get("ticks", 0)))
+        elif kind == "state":
+            self.state = {k: v for k, v in msg.items() if k != "k"}
+        elif kind == "reply":
+            event = self._replies.get(msg.get("id"))
+            if isinstance(event, anyio.Event):
+                self._replies[msg["id"]] = msg
+                event.set()
+        elif kind == "event":
+            self._on_event(msg, tg)
+        elif kind == "ready":
+            for w in msg.get("warnings", []):
+                log.warning("control lane: %s", w)
+            self.ready.set()
+        elif kind in ("chunk", "shield", "bye"):
+            pass
+
+    def _on_event(self, msg: dict[str, Any], tg: anyio.abc.TaskGroup) -> None:
+        name = msg.get("name")
+        detail = {k: v for k, v in msg.items() if k not in ("k", "name")}
+        level = logging.WARNING if name in ("fault", "driver_error", "overrun", "bad_message",
+                                            "loop_died", "act_failed", "episode_reset",
+                                            "rt_warning") else logging.INFO
+        if name != "rt_warning":
+            log.log(level, "%s %s", name, detail)
+        if name == "episode_end" and self.client is not None:
+            tg.start_soon(self._end_worker_episode, str(msg.get("wep")))
+
+    async def _end_worker_episode(self, wep: str) -> None:
+        assert self.client is not None
+        if self.link is not None:
+            self.link.forget(wep)
+        try:
+            await self.client.end_episode(wep)
+        except (PolicyError, TimeoutError) as exc:
+            log.warning("end_episode %s: %s", wep, exc)
+
+    # ---- start-up --------------------------------------------------------------------------
+
+    def _control_spec(self) -> str:
+        assert self.shared is not None
+        return json.dumps(
+            {
+                "config": self.cfg.model_dump(mode="json"),
+                "run_id": self.run_id,
+                "up": self.up_ep,
+                "down": self.down_ep,
+                "world": self.shared.world.name if self.shared.world is not None else None,
+                "rings": {n: r.name for n, r in self.shared.rings.items()},
+            }
+        )
+
+    def _camera_spec(self, name: str) -> str:
+        assert self.shared is not None
+        cam = self.cfg.cameras[name]
+        return json.dumps(
+            {
+                "name": name,
+                "driver": cam.driver,
+                "width": cam.width,
+                "height": cam.height,
+                "fps": cam.fps,
+                "options": cam.options,
+                "ring": self.shared.rings[name].name,
+                "world": self.shared.world.name if self.shared.world is not None else None,
+            }
+        )
+
+    async def _on_control_exit(self, child: Child, code: int) -> bool:
+        log.error("the control process exited (code %s): stopping", code)
+        self.exit_code = 1
+        self.stop.set()
+        return False
+
+    async def _on_camera_exit(self, child: Child, code: int) -> bool:
+        log.error("%s exited (code %s): its frames go stale, no act is asked; restarting",
+                  child.name, code)
+        return True
+
+    async def _on_worker_exit(self, child: Child, code: int) -> bool:
+        log.error("the local policy worker exited (code %s): restarting it", code)
+        self.send_down({"k": "episode_lost", "cause": f"local worker exited with code {code}"})
+        return True
+
+    async def _start_children(self, sup: Supervisor) -> str:
+        await sup.start(Child("control", python_module("robotd.control.process", self._control_spec()),
+                              on_exit=self._on_control_exit))
+        for name in self.cfg.cameras:
+            await sup.start(Child(f"camera:{name}", python_module("robotd.camera_proc",
+                                                                   self._camera_spec(name)),
+                                  on_exit=self._on_camera_exit))
+        endpoint = self.opts.worker or self.cfg.policy.worker
+        if not endpoint:
+            endpoint = f"ipc://{self.dir}/worker-{os.getpid()}.sock"
+            argv = python_module("robotd", "serve", self.cfg.policy.serve, "--bind", endpoint,
+                                 "--args-json", json.dumps(self.cfg.policy.args))
+            await sup.start(Child("worker", argv, on_exit=self._on_worker_exit))
+        return endpoint
+
+    async def _connect_policy(self, endpoint: str) -> None:
+        client = PolicyClient(endpoint, timeout_s=self.cfg.policy.timeout_s)
+        deadline = time.monotonic() + READY_TIMEOUT_S
+        while True:
+            try:
+                self.handshake = await client.connect()
+                break
+            except (TimeoutError, PolicyError) as exc:
+                if time.monotonic() > deadline:
+                    raise StartupError(f"policy worker at {endpoint} did not answer hello: {exc}") from None
+                await anyio.sleep(0.2)
+        self.client = client
+        hs = self.handshake
+        configured_obs = (Observations.from_wire(self.cfg.policy.observations, "policy.observations")
+                          if self.cfg.policy.observations is not None else None)
+        configured_act = (Actions.from_wire(self.cfg.policy.actions, "policy.actions")
+                          if self.cfg.policy.actions is not None else None)
+        obs = choose_contract(hs.observations, configured_obs)
+        actions = hs.actions if hs.actions is not None else configured_act
+        resolved = obs.resolve(self.cfg.control.hz) if obs is not None else None
+        planner = WindowPlanner(resolved, self.cfg.observation_keys)
+        self.steps.keep = planner.lookback + 2 * int(self.cfg.control.hz) + 16
+        self.link = ActLink(client, planner, self.steps, FrameSource(self.shared.rings), self.send_down,
+                            control_hz=self.cfg.control.hz, actions=actions,
+                            camera_names=set(self.cfg.cameras))
+        olh = actions.open_loop_horizon if actions is not None else None
+        self.send_down({"k": "contract", "open_loop_horizon": olh})
+        log.info("policy %s at %s: streams %s", hs.policy, endpoint,
+                 sorted(resolved.keys) if resolved else "undeclared (the act's own step)")
+
+    # ---- the run ---------------------------------------------------------------------------
+
+    async def run(self) -> int:
+        self.steps = StepRing(keep=256)
+        self.shared = _create_shared(self.cfg)
+        try:
+            async with anyio.create_task_group() as tg:
+                self.up.bind(self.up_ep)
+                tg.start_soon(self._receive_up, tg)
+                self.sup = Supervisor(tg)
+                try:
+                    await self._main(tg)
+                finally:
+                    with anyio.CancelScope(shield=True):
+                        await self._shutdown()
+                tg.cancel_scope.cancel()
+        finally:
+            self._close()
+        if self.opts.summary is not None:
+            self.summary.write(self.opts.summary)
+        return self.exit_code
+
+    async def _main(self, tg: anyio.abc.TaskGroup) -> None:
+        assert self.sup is not None
+        tg.start_soon(self._signals)
+        endpoint = await self._start_children(self.sup)
+        self.down.connect(self.down_ep)
+        with anyio.fail_after(READY_TIMEOUT_S):
+            await self.ready.wait()
+        try:
+            await self._connect_policy(endpoint)
+        except (StartupError, ContractError) as exc:
+            log.error("%s", exc)
+            self.exit_code = 2
+            return
+        operator = OperatorServer(self, self.cfg, self.dir)
+        await operator.start(tg)
+        if self.opts.status:
+            tg.start_soon(StatusLine(self).run)
+        sdnotify.notify("READY=1", f"STATUS=running at {self.cfg.control.hz:g} Hz")
+        tg.start_soon(sdnotify.watchdog_loop, lambda: self.state.get("state", "?"))
+        if self.opts.duration is not None:
+            with anyio.move_on_after(self.opts.duration):
+                await self.stop.wait()
+        else:
+            await self.stop.wait()
+
+    async def _signals(self) -> None:
+        with anyio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
+            async for signum in signals:
+                log.info("%s: stopping (the robot holds)", signal.Signals(signum).name)
+                self.stop.set()
+                return
+
+    async def _shutdown(self) -> None:
+        sdnotify.notify("STOPPING=1")
+        if self.link is not None:
+            self.summary.link = {
+                "act_errors": self.link.counters.act_errors,
+                "skipped_frames": self.link.counters.skipped_frames,
+            }
+            for v in self.link.counters.rtt_ms:
+                self.summary.rtt.add(v)
+        control = self.sup.children.get("control") if self.sup else None
+        if control is not None and control.process is not None and control.process.returncode is None:
+            assert self.sup is not None
+            self.sup.stopping = True
+            self.send_down({"k": "stop"})
+            with anyio.move_on_after(3.0):
+                await control.exited.wait()
+            # Give the receiver a moment to take the lane's last stats from the socket.
+            with anyio.move_on_after(0.5):
+                while True:
+                    data = await self.up.recv()
+                    msg = wire.unpackb(data)
+                    if msg.get("k") == "stats":
+                        self.summary.on_stats(msg)
+                    if msg.get("k") == "bye":
+                        break
+        if self.sup is not None:
+            await self.sup.stop_all(grace_s=5.0, first=("control",))
+        if self.client is not None:
+            await self.client.close()
+
+    def _close(self) -> None:
+        self.up.close(linger=0)
+        self.down.close(linger=0)
+        self.ctx.term()
+        for ep in (self.up_ep, self.down_ep):
+            Path(ep.removeprefix("ipc://")).unlink(missing_ok=True)
+        if self.shared is not None:
+            self.shared.unlink()
+
+
+def run(cfg: Config, opts: Options) -> int:
+    """Run the daemon until a signal, --duration or a fatal error; returns the exit code."""
+    return anyio.run(Daemon(cfg, opts).run, backend_options={"use_uvloop": True})
+
+
+def setup_logging(verbose: bool = False) -> None:
+    logging.basicConfig(
+        level=logging.DEBUG if verbose else logging.INFO,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+        stream=sys.stderr,
+    )

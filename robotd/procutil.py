@@ -1,0 +1,105 @@
+"""Small helpers that every robotd child process uses: dying with the parent,
+stopping on SIGTERM/SIGINT, interruptible absolute sleeps, one-line errors.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import os
+import signal
+import sys
+import threading
+import time
+
+PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
+
+_stop_event: threading.Event | None = None
+
+
+def die_with_parent(expected_parent: int | None = None) -> bool:
+    """Have the kernel send this process SIGTERM when its parent dies (Linux prctl).
+
+    Returns False (and does nothing) where unsupported. If `expected_parent` is given
+    and the parent is already someone else (it died before we asked), SIGTERM is sent
+    to ourselves right away. Note: the signal comes when the parent *thread* that
+    spawned us exits, so parents should spawn children from a long-lived thread.
+    """
+    if not sys.platform.startswith("linux"):
+        return False
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        rc = libc.prctl(
+            ctypes.c_int(PR_SET_PDEATHSIG), ctypes.c_ulong(signal.SIGTERM),
+            ctypes.c_ulong(0), ctypes.c_ulong(0), ctypes.c_ulong(0),
+        )
+    except (OSError, AttributeError):
+        return False
+    if rc != 0:
+        return False
+    if expected_parent is not None and os.getppid() != expected_parent:
+        os.kill(os.getpid(), signal.SIGTERM)
+    return True
+
+
+def install_stop_signals(
+    signals: tuple[signal.Signals, ...] = (signal.SIGTERM, signal.SIGINT),
+) -> threading.Event:
+    """Make SIGTERM and SIGINT set the returned event (instead of killing or raising).
+
+    Call from the main thread. The handler only writes a byte to a pipe; a helper
+    thread sets the event. (Setting a threading.Event from inside a signal handler
+    can deadlock if the main thread was inside that event's wait() at the time.)
+    Calling again returns the same event.
+    """
+    global _stop_event
+    if _stop_event is not None:
+        return _stop_event
+    event = threading.Event()
+    read_fd, write_fd = os.pipe()
+    os.set_blocking(write_fd, False)
+
+    def handler(signum: int, frame: object) -> None:
+        with contextlib.suppress(OSError):  # pipe full: a stop is already pending
+            os.write(write_fd, b"!")
+
+    def watch() -> None:
+        while os.read(read_fd, 64):
+            event.set()
+
+    threading.Thread(target=watch, name="stop-signals", daemon=True).start()
+    for signum in signals:
+        signal.signal(signum, handler)
+    _stop_event = event
+    return event
+
+
+def sleep_until(
+    deadline_ns: int, stop: threading.Event | None = None, chunk_s: float = 0.05
+) -> bool:
+    """Sleep until time.monotonic_ns() >= deadline_ns, waking every chunk_s to check `stop`.
+
+    Returns True at the deadline, False early if `stop` is set. The last slice is
+    one time.sleep to the deadline, which keeps it to tens of microseconds.
+    """
+    while True:
+        if stop is not None and stop.is_set():
+            return False
+        remaining = (deadline_ns - time.monotonic_ns()) / 1e9
+        if remaining <= 0:
+            return True
+        time.sleep(min(remaining, chunk_s))
+
+
+def one_line(exc: BaseException) -> str:
+    """An exception as one line: pydantic errors as 'loc: msg; …', others as 'Type: text'."""
+    errors = getattr(exc, "errors", None)
+    if callable(errors):
+        with contextlib.suppress(Exception):
+            parts = [
+                f"{'.'.join(str(p) for p in e.get('loc', ())) or '<root>'}: {e.get('msg', '')}"
+                for e in errors()
+            ]
+            return "; ".join(parts)
+    text = " ".join(str(exc).split())
+    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__

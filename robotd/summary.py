@@ -1,0 +1,111 @@
+"""What a run did, in numbers: gathered from the lanes' messages, written at exit."""
+
+from __future__ import annotations
+
+import json
+import random
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from robotd.control.histogram import LatencyHistogram
+
+
+class Reservoir:
+    """A bounded uniform sample of a long stream, for percentiles over a whole run."""
+
+    def __init__(self, size: int = 100_000, seed: int = 0) -> None:
+        self.size = size
+        self.seen = 0
+        self.total = 0.0
+        self.values: list[float] = []
+        self._rng = random.Random(seed)
+
+    def add(self, value: float) -> None:
+        self.seen += 1
+        self.total += value
+        if len(self.values) < self.size:
+            self.values.append(value)
+        else:
+            j = self._rng.randrange(self.seen)
+            if j < self.size:
+                self.values[j] = value
+
+    def mean(self) -> float:
+        return self.total / self.seen if self.seen else 0.0
+
+    def percentile(self, q: float) -> float:
+        return float(np.percentile(self.values, q)) if self.values else 0.0
+
+
+class RunSummary:
+    """Accumulates the control lane's cumulative stats and the link's counters."""
+
+    def __init__(self, hz: float) -> None:
+        self.hz_target = hz
+        self.started = time.monotonic()
+        self.stats: dict[str, Any] = {}
+        self.tracking = Reservoir()
+        self.link: dict[str, Any] = {}
+        self.rtt = Reservoir()
+        self.verdicts: list[dict[str, Any]] = []
+
+    def on_stats(self, msg: dict[str, Any]) -> None:
+        self.stats = msg
+
+    def on_step(self, msg: dict[str, Any]) -> None:
+        gt = msg.get("gt")
+        if gt and "tracking_error" in gt:
+            self.tracking.add(float(gt["tracking_error"]))
+
+    def lateness(self) -> dict[str, float]:
+        wire = self.stats.get("lateness")
+        if not wire:
+            return {"p50": 0.0, "p99": 0.0, "p999": 0.0, "max": 0.0}
+        return LatencyHistogram.from_wire(wire).summary()
+
+    def measured_hz(self) -> float:
+        ticks = self.stats.get("ticks", 0)
+        elapsed = self.stats.get("elapsed_s", 0.0)
+        return ticks / elapsed if ticks and elapsed > 0 else 0.0
+
+    def to_dict(self) -> dict[str, Any]:
+        s = self.stats
+        return {
+            "ticks": s.get("ticks", 0),
+            "hz": round(self.measured_hz(), 3),
+            "hz_target": self.hz_target,
+            "lateness_us": self.lateness(),
+            "missed_ticks": s.get("missed_ticks", 0),
+            "overruns": s.get("overruns", 0),
+            "episodes": s.get("episodes", 0),
+            "acts": s.get("acts", 0),
+            "act_failures": s.get("act_failures", 0),
+            "chunks": s.get("chunks", 0),
+            "holds": s.get("holds", 0),
+            "max_consecutive_holds": s.get("max_consecutive_holds", 0),
+            "starved_episodes": s.get("starved_episodes", 0),
+            "stale_chunks": s.get("stale_chunks", 0),
+            "rows_dropped": s.get("rows_dropped", 0),
+            "episode_resets": s.get("episode_resets", 0),
+            "interventions": s.get("interventions", 0),
+            "invalid_observations": s.get("invalid_observations", 0),
+            "dropped_messages": s.get("dropped_messages", 0),
+            "tracking_error": {
+                "mean": self.tracking.mean(),
+                "p95": self.tracking.percentile(95),
+            },
+            "act_rtt_ms": {"p50": self.rtt.percentile(50), "p99": self.rtt.percentile(99)},
+            **self.link,
+            "verdicts": self.verdicts,
+            "state": (s.get("state") or {}).get("state", ""),
+        }
+
+    def write(self, path: str | Path) -> None:
+        path = Path(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(path.suffix + ".tmp")
+        tmp.write_text(json.dumps(self.to_dict(), indent=2) + "\n")
+        tmp.replace(path)

@@ -1,0 +1,105 @@
+"""Child processes of the main process: start, watch, restart, and stop them all.
+
+Every child dies with its parent (PR_SET_PDEATHSIG, set by the child itself), so a
+killed main process leaves nothing behind; on a clean stop the supervisor sends
+SIGTERM, waits a grace period, then SIGKILLs what is left.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass, field
+
+import anyio
+from anyio.abc import Process
+
+log = logging.getLogger("robotd.supervisor")
+
+ExitHandler = Callable[["Child", int], Awaitable[bool]]
+
+
+@dataclass
+class Child:
+    """One supervised process: `argv` to start it, `on_exit` decides whether to restart."""
+
+    name: str
+    argv: Sequence[str]
+    on_exit: ExitHandler | None = None
+    restart_delay_s: float = 1.0
+    process: Process | None = None
+    restarts: int = 0
+    exited: anyio.Event = field(default_factory=anyio.Event)
+
+
+class Supervisor:
+    """Starts children and watches them inside the caller's task group."""
+
+    def __init__(self, tg: anyio.abc.TaskGroup) -> None:
+        self._tg = tg
+        self.children: dict[str, Child] = {}
+        self.stopping = False
+
+    async def start(self, child: Child) -> Child:
+        self.children[child.name] = child
+        await self._spawn(child)
+        self._tg.start_soon(self._watch, child)
+        return child
+
+    async def _spawn(self, child: Child) -> None:
+        child.process = await anyio.open_process(
+            list(child.argv), stdin=None, stdout=None, stderr=None
+        )
+        child.exited = anyio.Event()
+        log.debug("started %s (pid %d)", child.name, child.process.pid)
+
+    async def _watch(self, child: Child) -> None:
+        while True:
+            assert child.process is not None
+            code = await child.process.wait()
+            child.exited.set()
+            if self.stopping:
+                return
+            log.warning("%s exited with code %s", child.name, code)
+            again = await child.on_exit(child, code) if child.on_exit else False
+            if not again or self.stopping:
+                return
+            await anyio.sleep(child.restart_delay_s)
+            if self.stopping:
+                return
+            child.restarts += 1
+            await self._spawn(child)
+
+    async def stop_all(self, grace_s: float = 5.0, first: Sequence[str] = ()) -> None:
+        """SIGTERM every child (those named in `first` before the rest), SIGKILL after grace_s."""
+        self.stopping = True
+        order = [c for n in first if (c := self.children.get(n))] + [
+            c for n, c in self.children.items() if n not in first
+        ]
+        for child in order:
+            await self._stop_one(child, grace_s)
+
+    async def _stop_one(self, child: Child, grace_s: float) -> None:
+        proc = child.process
+        if proc is None or proc.returncode is not None:
+            return
+        try:
+            proc.terminate()
+        except ProcessLookupError:
+            return
+        with anyio.move_on_after(grace_s):
+            await proc.wait()
+            return
+        log.warning("%s did not stop within %.1f s: killing it", child.name, grace_s)
+        try:
+            proc.kill()
+        except ProcessLookupError:
+            return
+        with anyio.move_on_after(grace_s):
+            await proc.wait()
+
+
+def python_module(module: str, *args: str) -> list[str]:
+    """argv running `python -m module args` with this interpreter."""
+    return [sys.executable, "-m", module, *args]

@@ -1,0 +1,202 @@
+"""Loading a policy class by name and calling it the way the worker promises.
+
+The policy API (what `robotd serve MODULE:CLASS` loads)::
+
+    from robotd.contract import Observations, Stream, Actions
+
+    class MyPolicy:
+        # optional: what it reads (SPEC §2); undeclared = the act's own observation alone
+        observations = Observations(streams={"top": Stream(at=[-15, 0]), "joints.pos": Stream()})
+        # optional: how its answer is shaped (SPEC §3)
+        actions = Actions(hz=30, open_loop_horizon=8)
+
+        def reset(self): ...                        # optional: before an episode's first act
+        def infer(self, inputs, *, episode=None):   # required
+            ...
+        def on_episode_end(self): ...               # optional: after the episode ended
+
+- The class is built once with the `--arg KEY=VALUE` pairs as keyword arguments; a string
+  value is converted to int / float / bool when the constructor's annotation says so.
+- `infer` is handed, without declared observations, the act's own observation (a dict of
+  key -> value); with them, `{"observations": [dict, ...], "steps": [int, ...]}` (ascending,
+  the act's own step last; each dict holds only the keys read at that step). Arrays in the
+  inputs are read-only (copy before modifying). `episode` (the episode id) is passed only if
+  infer accepts it.
+- `infer` returns an (H, D) array or list of rows (row i meant for step t + i), or, when
+  `actions.key` is declared, a mapping holding it under that key. H, D >= 1, finite numbers.
+- Calls come from one thread, one at a time: the policy needs no locking.
+"""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+import typing
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+
+from robotd.contract import Actions, Observations
+
+
+class PolicyLoadError(ValueError):
+    """The policy named on the command line cannot be loaded or built."""
+
+
+class BadActions(ValueError):
+    """infer's answer is not an (H, D) array of finite numbers; the message names why."""
+
+
+class PolicyHost:
+    """One policy instance, its declared contract, and checked calls into it."""
+
+    def __init__(self, spec: str, kwargs: Mapping[str, Any] | None = None) -> None:
+        self.spec = spec
+        cls = load_class(spec)
+        args = coerce_kwargs(cls, dict(kwargs or {}), spec)
+        try:
+            self.policy = cls(**args)
+        except Exception as err:
+            raise PolicyLoadError(f"policy {spec!r}: constructor failed: "
+                                  f"{type(err).__name__}: {err}") from err
+        self.observations = _declared(self.policy, "observations", Observations, spec)
+        self.actions = _declared(self.policy, "actions", Actions, spec)
+        infer = getattr(self.policy, "infer", None)
+        if not callable(infer):
+            raise PolicyLoadError(f"policy {spec!r}: has no infer(inputs) method")
+        self._infer = infer
+        self._pass_episode = _accepts_keyword(infer, "episode")
+
+    def reset(self) -> None:
+        """Call policy.reset() if the policy defines it."""
+        hook = getattr(self.policy, "reset", None)
+        if callable(hook):
+            hook()
+
+    def on_episode_end(self) -> None:
+        """Call policy.on_episode_end() if the policy defines it."""
+        hook = getattr(self.policy, "on_episode_end", None)
+        if callable(hook):
+            hook()
+
+    def inputs(self, steps: list[int], observations: list[dict[str, Any]]) -> Any:
+        """What infer is handed for an act (see the module docstring)."""
+        if self.observations is None:
+            return observations[-1]
+        return {"observations": observations, "steps": steps}
+
+    def infer(self, inputs: Any, episode: str) -> np.ndarray:
+        """Run infer and return its rows as a float64 (H, D) array; BadActions if malformed."""
+        if self._pass_episode:
+            answer = self._infer(inputs, episode=episode)
+        else:
+            answer = self._infer(inputs)
+        return check_actions(answer, self.actions)
+
+
+def load_class(spec: str) -> type:
+    """Import MODULE:CLASS (CLASS may be dotted, e.g. pkg.mod:Outer.Inner)."""
+    module_name, sep, attr = spec.partition(":")
+    if not sep or not module_name or not attr:
+        raise PolicyLoadError(
+            f"policy {spec!r}: expected MODULE:CLASS, e.g. robotd.demo:DotFollower"
+        )
+    try:
+        obj: Any = importlib.import_module(module_name)
+    except ImportError as err:
+        raise PolicyLoadError(f"policy {spec!r}: cannot import module {module_name!r}: "
+                              f"{err}") from err
+    for part in attr.split("."):
+        if not hasattr(obj, part):
+            raise PolicyLoadError(f"policy {spec!r}: {module_name!r} has no attribute {attr!r}")
+        obj = getattr(obj, part)
+    if not isinstance(obj, type):
+        raise PolicyLoadError(f"policy {spec!r}: {attr!r} is not a class")
+    return obj
+
+
+def coerce_kwargs(cls: type, kwargs: dict[str, Any], spec: str) -> dict[str, Any]:
+    """Convert str values to the int/float/bool the constructor's annotations name.
+
+    Unknown names are refused unless the constructor takes **kwargs.
+    """
+    params = inspect.signature(cls).parameters
+    open_ended = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values())
+    try:
+        hints = typing.get_type_hints(cls.__init__)
+    except Exception:  # unresolvable annotations: leave the values as given
+        hints = {}
+    out: dict[str, Any] = {}
+    for name, value in kwargs.items():
+        if name not in params and not open_ended:
+            known = ", ".join(n for n in params if n != "self") or "none"
+            raise PolicyLoadError(f"policy {spec!r}: unknown argument {name!r} (takes: {known})")
+        out[name] = _coerce(value, hints.get(name), f"policy {spec!r}: argument {name!r}")
+    return out
+
+
+def _coerce(value: Any, hint: Any, where: str) -> Any:
+    if not isinstance(value, str) or hint not in (int, float, bool):
+        return value
+    if hint is bool:
+        lowered = value.strip().lower()
+        if lowered in ("1", "true", "yes", "on"):
+            return True
+        if lowered in ("0", "false", "no", "off"):
+            return False
+        raise PolicyLoadError(f"{where}: {value!r} is not a boolean (true/false)")
+    try:
+        return hint(value)
+    except ValueError:
+        raise PolicyLoadError(f"{where}: {value!r} is not {hint.__name__}") from None
+
+
+def _declared(policy: Any, name: str, kind: type, spec: str) -> Any:
+    value = getattr(policy, name, None)
+    if value is None or isinstance(value, kind):
+        return value
+    raise PolicyLoadError(f"policy {spec!r}: attribute {name!r} must be a "
+                          f"robotd.contract.{kind.__name__} or None, got {type(value).__name__}")
+
+
+def _accepts_keyword(fn: Any, name: str) -> bool:
+    try:
+        params = inspect.signature(fn).parameters
+    except (TypeError, ValueError):
+        return False
+    return name in params or any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values())
+
+
+def check_actions(answer: Any, actions: Actions | None) -> np.ndarray:
+    """infer's answer -> float64 (H, D) array, or BadActions naming what is wrong."""
+    key = actions.key if actions is not None else None
+    if key is not None:
+        if not isinstance(answer, Mapping):
+            raise BadActions(f"infer returned {type(answer).__name__}; actions.key={key!r} "
+                             "is declared, so it must return a mapping holding the rows there")
+        if key not in answer:
+            raise BadActions(f"infer's answer has no field {key!r} (actions.key); "
+                             f"fields: {sorted(map(str, answer))[:10]}")
+        answer, where = answer[key], f"answer[{key!r}]"
+    elif isinstance(answer, Mapping):
+        raise BadActions("infer returned a mapping but actions.key is not declared; return "
+                         "the (H, D) rows, or declare Actions(key=...)")
+    else:
+        where = "answer"
+    try:
+        rows = np.asarray(answer)
+    except (ValueError, TypeError) as err:
+        raise BadActions(f"{where}: not an array of rows ({err})") from None
+    if rows.dtype.kind not in "biuf":
+        raise BadActions(f"{where}: dtype {rows.dtype} is not numeric")
+    if rows.ndim != 2:
+        raise BadActions(f"{where}: shape {rows.shape} is not 2-D (H rows x D values)")
+    if rows.shape[0] < 1 or rows.shape[1] < 1:
+        raise BadActions(f"{where}: shape {rows.shape} is empty (need H >= 1, D >= 1)")
+    rows = rows.astype(np.float64)
+    bad = ~np.isfinite(rows)
+    if bad.any():
+        i, j = (int(k) for k in np.argwhere(bad)[0])
+        raise BadActions(f"{where}: row {i} column {j} is {rows[i, j]} (must be finite)")
+    return rows

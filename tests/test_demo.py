@@ -1,0 +1,147 @@
+"""The demo policy: the planned tip path follows the dot's predicted path."""
+
+from __future__ import annotations
+
+import math
+
+import cv2
+import numpy as np
+import pytest
+
+from drivers.sim import geometry as g
+from robotd import wire
+from robotd.contract import Actions, Observations, Stream
+from robotd.demo import DotFollower
+
+W, H = 640, 480
+HZ = 30.0
+PIXEL = (g.TOP_VIEW[2] - g.TOP_VIEW[0]) / W  # world units per pixel
+
+
+def frame(dot: np.ndarray | None, w: int = W, h: int = H) -> np.ndarray:
+    """A top-camera frame with the dot drawn at its world position, as it arrives off the
+    wire (read-only)."""
+    img = np.full((h, w, 3), g.BACKGROUND, np.uint8)
+    cv2.rectangle(img, (10, 10), (60, 40), g.ARM_COLOUR, -1)  # distractors
+    cv2.circle(img, (w - 40, h - 40), 8, g.TIP_COLOUR, -1)
+    if dot is not None:
+        u, v = g.world_to_pixel(dot, g.TOP_VIEW, w, h)
+        radius = max(2, round(g.DOT_RADIUS / PIXEL))
+        cv2.circle(img, (round(u), round(v)), radius, g.DOT_COLOUR, -1)
+    return wire.unpackb(wire.packb(img))
+
+
+def window(t: int, back: int, p_then: np.ndarray | None, p_now: np.ndarray | None,
+           q: np.ndarray) -> dict:
+    return {"observations": [{"top": frame(p_then)}, {"top": frame(p_now), "joints.pos": q}],
+            "steps": [t - back, t]}
+
+
+def tips(rows: np.ndarray) -> np.ndarray:
+    return np.array([g.forward(r)[1] for r in rows])
+
+
+def test_contract_is_declared_per_instance() -> None:
+    assert DotFollower.observations == Observations(
+        streams={"top": Stream(at=[-3, 0]), "joints.pos": Stream()})
+    policy = DotFollower(lookback=5, hz=15.0, horizon=12)
+    assert policy.observations.streams["top"].at == [-5, 0]
+    assert policy.actions == Actions(hz=15.0, open_loop_horizon=8)
+
+
+def test_tip_follows_a_dot_moving_in_a_straight_line() -> None:
+    policy = DotFollower(horizon=16, lookback=3)
+    velocity = np.array([0.3, -0.15])  # world units per second
+    start = np.array([0.8, 0.7])
+    t = 50
+
+    def dot(step: int) -> np.ndarray:
+        return start + velocity * step / HZ
+
+    q = np.array([*g.inverse(dot(t)), 0.25])
+    rows = policy.infer(window(t, 3, dot(t - 3), dot(t), q))
+    assert rows.shape == (16, 3) and rows.dtype == np.float64
+    expected = np.array([dot(t + i) for i in range(16)])
+    # Pixel rounding: ~half a pixel of position, so a velocity error growing with i.
+    tolerance = PIXEL * (1.0 + np.arange(16) * 2 / 3)
+    error = np.linalg.norm(tips(rows) - expected, axis=1)
+    assert (error <= tolerance).all(), error
+    assert (rows[:, 2] == 0.25).all()  # the gripper keeps its current value
+
+
+def test_tip_follows_the_linear_prediction_of_the_lissajous_dot() -> None:
+    policy = DotFollower(horizon=10, lookback=3)
+    t = 77
+    p0, p1 = g.target_at((t - 3) / HZ), g.target_at(t / HZ)
+    q = np.array([*g.inverse(p1), 0.0])
+    rows = policy.infer(window(t, 3, p0, p1, q))
+    predicted = np.array([p1 + (p1 - p0) * i / 3 for i in range(10)])
+    error = np.linalg.norm(tips(rows) - predicted, axis=1)
+    assert (error <= PIXEL * (1.0 + np.arange(10) * 2 / 3)).all(), error
+    assert np.linalg.norm(tips(rows)[0] - g.target_at(t / HZ)) < 2 * PIXEL
+
+
+def test_branch_nearest_the_current_pose_is_kept() -> None:
+    policy = DotFollower(horizon=5)
+    p = np.array([1.0, 0.9])
+    for elbow_up in (False, True):
+        q = np.array([*g.inverse(p, elbow_up=elbow_up), 0.0])
+        rows = policy.infer(window(10, 3, p, p, q))
+        assert (np.sign(rows[:, 1]) == np.sign(q[1])).all()
+        np.testing.assert_allclose(rows[0, :2], q[:2], atol=0.02)
+
+
+def test_angles_stay_continuous_with_the_current_pose() -> None:
+    policy = DotFollower(horizon=3)
+    p = np.array([1.0, 0.5])
+    base = g.inverse(p)
+    q = np.array([base[0] + 2 * math.pi, base[1]])  # the same pose, one turn further
+    rows = policy.infer(window(10, 3, p, p, q))
+    np.testing.assert_allclose(rows[0], q, atol=0.02)
+
+
+def test_single_step_plans_with_zero_velocity() -> None:
+    policy = DotFollower(horizon=6)
+    p = np.array([1.1, 0.4])
+    q = np.array([0.0, -1.0, 0.5])
+    rows = policy.infer({"observations": [{"top": frame(p), "joints.pos": q}], "steps": [0]})
+    error = np.linalg.norm(tips(rows) - p, axis=1)
+    assert (error < 2 * PIXEL).all()
+    assert policy.infer({"top": frame(p), "joints.pos": q}).shape == (6, 3)  # bare observation
+
+
+@pytest.mark.parametrize("which", ["then", "now"])
+def test_missing_dot_in_one_frame_uses_the_other(which: str) -> None:
+    policy = DotFollower(horizon=4)
+    p = np.array([1.2, 0.3])
+    q = np.array([*g.inverse(p + 0.1), 0.0])
+    then, now = (None, p) if which == "then" else (p, None)
+    rows = policy.infer(window(20, 3, then, now, q))
+    error = np.linalg.norm(tips(rows) - p, axis=1)
+    assert (error < 2 * PIXEL).all()
+
+
+@pytest.mark.parametrize("bad", [None, "no dot", "chw"])
+def test_no_dot_anywhere_holds_the_current_pose(bad: str | None) -> None:
+    policy = DotFollower(horizon=4)
+    q = np.array([0.3, -0.7, 1.0])
+    img = {None: frame(None), "no dot": frame(None), "chw": np.zeros((3, 8, 8), np.float32)}[bad]
+    rows = policy.infer({"observations": [{"top": img}, {"top": img, "joints.pos": q}],
+                         "steps": [1, 4]})
+    np.testing.assert_array_equal(rows, np.tile(q, (4, 1)))
+
+
+def test_other_frame_sizes_map_through_the_view() -> None:
+    policy = DotFollower(horizon=2)
+    p = np.array([0.9, 0.2])
+    found = policy.find_dot(frame(p, w=320, h=240))
+    assert found is not None and np.linalg.norm(found - p) < 2 * PIXEL * 2
+
+
+def test_tolerance_finds_a_jpeg_compressed_dot() -> None:
+    p = np.array([1.0, 0.6])
+    ok, jpeg = cv2.imencode(".jpg", frame(p), [cv2.IMWRITE_JPEG_QUALITY, 80])
+    assert ok
+    decoded = cv2.imdecode(jpeg, cv2.IMREAD_UNCHANGED)
+    found = DotFollower(colour_tolerance=40).find_dot(decoded)
+    assert found is not None and np.linalg.norm(found - p) < 2 * PIXEL

@@ -1,0 +1,452 @@
+"""The reference worker (`serve`, in a real child process) and the daemon's PolicyClient,
+over real ipc endpoints."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import textwrap
+import threading
+import time
+from collections.abc import Awaitable, Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import anyio
+import numpy as np
+import pytest
+import zmq
+
+from robotd import wire
+from robotd.contract import Actions, Observations
+from robotd.link.client import PolicyClient, PolicyError
+
+ROOT = Path(__file__).resolve().parents[1]
+
+POLICIES = textwrap.dedent('''
+    import numpy as np
+    from robotd.contract import Actions, Observations, Stream
+
+    class Windowed:
+        """Answers rows that show what it was handed and how often its hooks ran."""
+        observations = Observations(streams={"x": Stream(at=[-1, 0])})
+        actions = Actions(key="rows", hz=10, open_loop_horizon=2)
+
+        def __init__(self, gain: float = 1.0):
+            self.gain, self.resets, self.ends = gain, 0, 0
+
+        def reset(self):
+            self.resets += 1
+
+        def on_episode_end(self):
+            self.ends += 1
+
+        def infer(self, inputs, *, episode=None):
+            last = inputs["observations"][-1]
+            mode = last.get("mode")
+            if mode == "raise":
+                raise RuntimeError("boom at step %d" % inputs["steps"][-1])
+            if mode == "nan":
+                return {"rows": [[float("nan"), 1.0]]}
+            if mode == "flat":
+                return {"rows": np.zeros(3)}
+            if mode == "fifo":  # blocks until the test opens the FIFO for writing
+                with open(last["fifo"]) as f:
+                    f.read()
+            if mode == "nokey":
+                return {"other": np.zeros((1, 1))}
+            x = float(np.sum(last.get("x", 0)))
+            return {"rows": np.array([[inputs["steps"][-1], len(inputs["steps"]), self.resets,
+                                       self.ends, x * self.gain]] * 2)}
+
+    class Bare:
+        """No contract: handed the act's own observation, answers the rows themselves."""
+        def infer(self, obs):
+            return [[obs["v"], 2.0], [obs["v"], 3.0]]
+''')
+
+
+def run(fn: Callable[[], Awaitable[Any]]) -> Any:
+    """Run a coroutine function on anyio with uvloop, as the daemon does."""
+    return anyio.run(fn, backend_options={"use_uvloop": True})
+
+
+@pytest.fixture(scope="module")
+def sockdir() -> Iterator[Path]:
+    # ipc paths are limited to ~107 bytes; pytest's tmp_path can be longer.
+    path = Path(tempfile.mkdtemp(prefix="robotd-w-"))
+    (path / "policies_mod.py").write_text(POLICIES)
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
+
+
+def _start(sockdir: Path, policy: str, name: str, kwargs: dict[str, str]) -> Iterator[str]:
+    # A directory that does not exist yet: serve must create it.
+    endpoint = f"ipc://{sockdir}/{name}/worker.sock"
+    code = ("import sys; from robotd.worker.server import serve; "
+            f"serve({policy!r}, {endpoint!r}, policy_kwargs={kwargs!r})")
+    env = {**os.environ, "PYTHONPATH": f"{sockdir}{os.pathsep}{ROOT}"}
+    out = sockdir / f"{name}.out"
+    with out.open("w") as sink:
+        proc = subprocess.Popen([sys.executable, "-c", code], env=env, stdout=sink,
+                                stderr=subprocess.STDOUT)
+    try:
+        yield endpoint
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+        assert f"listening on {endpoint}" in out.read_text()
+        assert proc.returncode == 0, out.read_text()  # SIGTERM: a clean stop
+        assert not Path(endpoint[len("ipc://"):]).exists()
+
+
+@pytest.fixture(scope="module")
+def windowed(sockdir: Path) -> Iterator[str]:
+    yield from _start(sockdir, "policies_mod:Windowed", "win", {"gain": "2.5"})
+
+
+@pytest.fixture(scope="module")
+def bare(sockdir: Path) -> Iterator[str]:
+    yield from _start(sockdir, "policies_mod:Bare", "bare", {})
+
+
+def test_hello_returns_the_contract(windowed: str, bare: str) -> None:
+    async def main() -> None:
+        for endpoint, has_contract in ((windowed, True), (bare, False)):
+            client = PolicyClient(endpoint, timeout_s=20)
+            hello = await client.connect()
+            await client.close()
+            if has_contract:
+                assert hello.observations == Observations.from_wire(
+                    {"streams": {"x": {"at": [-1, 0]}}})
+                assert hello.actions == Actions(key="rows", hz=10, open_loop_horizon=2)
+                assert hello.policy == "policies_mod:Windowed"
+            else:
+                assert hello.observations is None and hello.actions is None
+            assert hello.endpoints == {"observe": None}
+
+    run(main)
+
+
+def test_act_returns_the_chunk_and_calls_the_hooks(windowed: str) -> None:
+    async def main() -> None:
+        client = PolicyClient(windowed, timeout_s=20)
+        await client.connect()
+        obs = [{"x": np.array([1.0, 2.0])}, {"x": np.array([3.0, 4.0])}]
+        first = await client.act("L1", 4, [3, 4], obs)
+        assert first.step == 4 and first.episode == "L1"
+        assert first.actions.shape == (2, 5) and first.actions.dtype == np.float64
+        step, n_steps, resets, ends, x = first.actions[0]
+        assert (step, n_steps, x) == (4, 2, 7.0 * 2.5)  # gain "2.5" came in as a string
+        assert first.infer_ms >= 0 and first.rtt_ms >= first.infer_ms
+        again = await client.act("L1", 5, [4, 5], obs)
+        assert tuple(again.actions[0, 2:4]) == (resets, ends)  # same episode: no reset
+        await client.end_episode("L1")
+        second = await client.act("L2", 0, [-1, 0], obs)
+        assert tuple(second.actions[0, 2:4]) == (resets + 1, ends + 1)
+        third = await client.act("L3", 0, [0], obs[:1])  # L2 never ended: ends now
+        assert tuple(third.actions[0, 2:4]) == (resets + 2, ends + 2)
+        with pytest.raises(PolicyError) as err:
+            await client.act("L1", 6, [6], obs[:1])
+        assert err.value.code == "episode_ended" and "L1" in err.value.message
+        await client.close()
+
+    run(main)
+
+
+def test_policy_without_contract_gets_its_own_observation(bare: str) -> None:
+    async def main() -> None:
+        client = PolicyClient(bare, timeout_s=20)
+        await client.connect()
+        result = await client.act("B1", 9, [9], [{"v": 1.5}])
+        np.testing.assert_array_equal(result.actions, [[1.5, 2.0], [1.5, 3.0]])
+        with pytest.raises(PolicyError, match="steps") as err:
+            await client.act("B1", 10, [9, 10], [{"v": 1}, {"v": 2}])
+        assert err.value.code == "bad_request"
+        await client.close()
+
+    run(main)
+
+
+@pytest.mark.parametrize(
+    ("mode", "code", "needle"),
+    [
+        ("raise", "policy_error", "RuntimeError: boom at step 1"),
+        ("nan", "bad_actions", "row 0 column 0 is nan"),
+        ("flat", "bad_actions", "not 2-D"),
+        ("nokey", "bad_actions", "no field 'rows'"),
+    ],
+)
+def test_policy_failures_are_error_replies(windowed: str, mode: str, code: str,
+                                           needle: str) -> None:
+    async def main() -> None:
+        client = PolicyClient(windowed, timeout_s=20)
+        await client.connect()
+        with pytest.raises(PolicyError) as err:
+            await client.act(f"F-{mode}", 1, [1], [{"mode": mode}])
+        assert err.value.code == code and needle in err.value.message
+        ok = await client.act(f"F-{mode}", 2, [2], [{"x": 1.0}])  # still serving
+        assert ok.step == 2
+        await client.close()
+
+    run(main)
+
+
+def _raw_request(sock: zmq.Socket, body: bytes) -> dict[str, Any]:
+    sock.send(body)
+    assert sock.poll(20_000), "worker did not answer"
+    return wire.unpackb(sock.recv())
+
+
+@pytest.mark.parametrize(
+    ("body", "code", "needle"),
+    [
+        (b"\xc1garbage", "bad_request", "not msgpack"),
+        (wire.packb([1, 2]), "bad_request", "must be a map"),
+        (wire.packb({"id": "x", "cmd": "hello"}), "bad_request", "field 'id'"),
+        (wire.packb({"id": 1, "cmd": "fly"}), "unknown_command", "'fly'"),
+        (wire.packb({"id": 1}), "bad_request", "field 'cmd'"),
+        (wire.packb({"id": 1, "cmd": "act", "episode": "M", "steps": [0],
+                     "observations": [{}]}), "bad_request", "field 'step'"),
+        (wire.packb({"id": 1, "cmd": "act", "episode": "M", "step": 2, "steps": [1, 2],
+                     "observations": [{}]}), "bad_request", "field 'observations'"),
+        (wire.packb({"id": 1, "cmd": "act", "episode": "M", "step": 2, "steps": [2, 1],
+                     "observations": [{}, {}]}), "bad_request", "strictly ascending"),
+        (wire.packb({"id": 1, "cmd": "act", "episode": "M", "step": 3, "steps": [1, 2],
+                     "observations": [{}, {}]}), "bad_request", "act's own step"),
+        (wire.packb({"id": 1, "cmd": "act", "episode": 5, "step": 0, "steps": [0],
+                     "observations": [{}]}), "bad_request", "field 'episode'"),
+        (wire.packb({"id": 1, "cmd": "end_episode"}), "bad_request", "field 'episode'"),
+    ],
+)
+def test_malformed_requests_get_error_replies(windowed: str, body: bytes, code: str,
+                                              needle: str) -> None:
+    ctx = zmq.Context()
+    sock = ctx.socket(zmq.DEALER)
+    sock.setsockopt(zmq.LINGER, 0)
+    sock.connect(windowed)
+    try:
+        reply = _raw_request(sock, body)
+        assert reply["ok"] is False
+        assert reply["error"]["code"] == code and needle in reply["error"]["message"]
+        good = {"id": 42, "cmd": "act", "episode": "M", "step": 3, "steps": [3],
+                "observations": [{"x": 2.0}]}
+        answer = _raw_request(sock, wire.packb(good))
+        assert answer["id"] == 42 and answer["ok"] is True
+        assert answer["result"]["actions"].shape == (2, 5)
+    finally:
+        sock.close()
+        ctx.term()
+
+
+def test_acts_in_flight_are_matched_by_id(windowed: str) -> None:
+    async def main() -> None:
+        client = PolicyClient(windowed, timeout_s=20)
+        await client.connect()
+        got: dict[int, float] = {}
+
+        async def one(step: int) -> None:
+            result = await client.act("C1", step, [step], [{"x": float(step)}])
+            assert result.step == step
+            got[step] = result.actions[0, 4]
+
+        async with anyio.create_task_group() as tg:
+            for step in range(6):
+                tg.start_soon(one, step)
+        assert got == {s: s * 2.5 for s in range(6)}
+        await client.close()
+
+    run(main)
+
+
+def test_socket_answers_while_the_policy_computes(windowed: str, sockdir: Path) -> None:
+    fifo = sockdir / "gate.fifo"
+    os.mkfifo(fifo)
+
+    async def main() -> None:
+        client = PolicyClient(windowed, timeout_s=20)
+        await client.connect()
+        with anyio.fail_after(20):
+            async with anyio.create_task_group() as tg:
+                async def slow_act() -> None:
+                    result = await client.act("S1", 1, [1], [{"mode": "fifo", "fifo": str(fifo)}])
+                    assert result.step == 1
+
+                tg.start_soon(slow_act)
+                # Opening for writing returns once the policy has opened it: infer is running.
+                gate = await anyio.to_thread.run_sync(open, fifo, "w")
+                other = PolicyClient(windowed, timeout_s=20)
+                assert (await other.connect()).policy == "policies_mod:Windowed"
+                with pytest.raises(PolicyError, match="unknown command"):
+                    await other._request({"cmd": "nope"}, 20)
+                await other.close()
+                gate.close()  # lets infer finish
+        await client.close()
+
+    run(main)
+
+
+class _FakeWorker:
+    """A real ROUTER in a thread; `answer(request)` gives the replies to send back, in order
+    (an empty list: no answer)."""
+
+    def __init__(self, endpoint: str, answer: Callable[[dict], list[dict]]) -> None:
+        self.ctx = zmq.Context()
+        self.sock = self.ctx.socket(zmq.ROUTER)
+        self.sock.setsockopt(zmq.LINGER, 0)
+        self.sock.bind(endpoint)
+        self.answer = answer
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self._run, daemon=True)
+        self.thread.start()
+
+    def _run(self) -> None:
+        while not self.stop.is_set():
+            if not self.sock.poll(20):
+                continue
+            route, body = self.sock.recv_multipart()
+            for reply in self.answer(wire.unpackb(body)):
+                self.sock.send_multipart([route, wire.packb(reply)])
+
+    def close(self) -> None:
+        self.stop.set()
+        self.thread.join(5)
+        self.sock.close()
+        self.ctx.term()
+
+
+def _hello_reply(req: dict) -> dict:
+    return {"id": req["id"], "ok": True, "result": {
+        "protocol": 1, "contract": {"observations": None, "actions": None},
+        "endpoints": {"observe": None}, "policy": "fake:P"}}
+
+
+def _act_reply(req: dict, value: float) -> dict:
+    return {"id": req["id"], "ok": True, "result": {
+        "actions": np.full((2, 3), value), "timing": {"infer_ms": 1.0, "queue_ms": 0.0},
+        "step": req["step"], "episode": req["episode"]}}
+
+
+def test_timeout_against_a_worker_that_never_answers(sockdir: Path) -> None:
+    fake = _FakeWorker(f"ipc://{sockdir}/silent.sock", lambda req: [])
+
+    async def main() -> None:
+        client = PolicyClient(f"ipc://{sockdir}/silent.sock", timeout_s=0.3)
+        started = time.monotonic()
+        with pytest.raises(TimeoutError):
+            await client.connect()
+        with pytest.raises(TimeoutError):
+            await client.act("T", 0, [0], [{}], timeout_s=0.2)
+        assert time.monotonic() - started < 5  # bounded by the timeouts, not hung
+        await client.close()
+        nobody = PolicyClient(f"ipc://{sockdir}/nobody.sock", timeout_s=0.2)
+        with pytest.raises(TimeoutError):
+            await nobody.connect()
+        await nobody.close()
+
+    try:
+        run(main)
+    finally:
+        fake.close()
+
+
+def test_late_reply_is_dropped_and_the_next_one_matched(sockdir: Path) -> None:
+    held: list[dict] = []
+
+    def answer(req: dict) -> list[dict]:
+        if req["cmd"] == "hello":
+            return [_hello_reply(req)]
+        if req["step"] == 0:  # hold the first act's reply, send it just before the second's
+            held.append(req)
+            return []
+        return [_act_reply(held.pop(), 0.0), _act_reply(req, 1.0)]
+
+    endpoint = f"ipc://{sockdir}/late.sock"
+    fake = _FakeWorker(endpoint, answer)
+
+    async def main() -> None:
+        client = PolicyClient(endpoint, timeout_s=5)
+        assert (await client.connect()).policy == "fake:P"
+        with pytest.raises(TimeoutError):
+            await client.act("E", 0, [0], [{}], timeout_s=0.2)
+        result = await client.act("E", 1, [1], [{}])
+        assert result.step == 1 and result.actions[0, 0] == 1.0
+        await client.close()
+
+    try:
+        run(main)
+    finally:
+        fake.close()
+
+
+@pytest.mark.parametrize(
+    ("reply", "needle"),
+    [
+        ({"ok": True, "result": {"actions": np.zeros(3), "step": 1, "episode": "E",
+                                 "timing": {}}}, "field 'actions'"),
+        ({"ok": True, "result": {"actions": np.zeros((1, 2)), "step": 7, "episode": "E",
+                                 "timing": {}}}, "field 'step'"),
+        ({"ok": True, "result": {"actions": np.zeros((1, 2)), "step": 1, "episode": "E",
+                                 "timing": {"infer_ms": "slow"}}}, "field 'timing.infer_ms'"),
+        ({"ok": "yes"}, "field 'ok'"),
+        ({"ok": False, "error": "bad"}, "field 'error'"),
+    ],
+)
+def test_malformed_act_reply_names_the_field(sockdir: Path, reply: dict, needle: str) -> None:
+    endpoint = f"ipc://{sockdir}/badact.sock"
+
+    def answer(req: dict) -> list[dict]:
+        return [_hello_reply(req) if req["cmd"] == "hello" else {"id": req["id"], **reply}]
+
+    fake = _FakeWorker(endpoint, answer)
+
+    async def main() -> None:
+        client = PolicyClient(endpoint, timeout_s=5)
+        await client.connect()
+        with pytest.raises(PolicyError) as err:
+            await client.act("E", 1, [1], [{}])
+        assert err.value.code == "bad_reply" and needle in err.value.message
+        await client.close()
+
+    try:
+        run(main)
+    finally:
+        fake.close()
+
+
+@pytest.mark.parametrize(
+    ("result", "needle"),
+    [
+        ({"protocol": 2}, "field 'protocol'"),
+        ({"protocol": 1, "contract": {"observations": {"streams": {"x": {"at": [3]}}},
+                                      "actions": None},
+          "endpoints": {}, "policy": "p"}, "contract.observations.streams['x'].at"),
+        ({"protocol": 1, "contract": {"observations": None, "actions": None},
+          "endpoints": {"observe": 3}, "policy": "p"}, "field 'endpoints'"),
+        ({"protocol": 1, "contract": {"observations": None, "actions": None},
+          "endpoints": {}, "policy": None}, "field 'policy'"),
+    ],
+)
+def test_malformed_hello_reply_names_the_field(sockdir: Path, result: dict, needle: str) -> None:
+    endpoint = f"ipc://{sockdir}/badhello.sock"
+    fake = _FakeWorker(endpoint, lambda req: [{"id": req["id"], "ok": True, "result": result}])
+
+    async def main() -> None:
+        client = PolicyClient(endpoint, timeout_s=5)
+        with pytest.raises(PolicyError) as err:
+            await client.connect()
+        assert err.value.code == "bad_reply" and needle in err.value.message
+        await client.close()
+
+    try:
+        run(main)
+    finally:
+        fake.close()
