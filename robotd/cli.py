@@ -17,8 +17,14 @@ def _parser() -> argparse.ArgumentParser:
 
     run = sub.add_parser("run", help="run the daemon on a robot config")
     run.add_argument("--config", type=Path, default=DEFAULT_CONFIG, help="robot config (TOML)")
-    run.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
-                     help="override one config key by its dotted path (value in TOML syntax)")
+    run.add_argument(
+        "--set",
+        dest="overrides",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="override one config key by its dotted path (value in TOML syntax)",
+    )
     run.add_argument("--duration", type=float, default=None, help="stop after this many seconds")
     run.add_argument("--summary", type=Path, default=None, help="write the run's summary JSON here")
     run.add_argument("--worker", default=None, help="endpoint of a remote policy worker")
@@ -28,8 +34,14 @@ def _parser() -> argparse.ArgumentParser:
     serve = sub.add_parser("serve", help="serve a policy to robotd daemons")
     serve.add_argument("policy", help="MODULE:CLASS of the policy")
     serve.add_argument("--bind", required=True, help="ZeroMQ endpoint, e.g. tcp://0.0.0.0:5555")
-    serve.add_argument("--arg", dest="args", action="append", default=[], metavar="KEY=VALUE",
-                       help="keyword argument for the policy's constructor (value in TOML syntax)")
+    serve.add_argument(
+        "--arg",
+        dest="args",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="keyword argument for the policy's constructor (value in TOML syntax)",
+    )
     serve.add_argument("--args-json", default=None, help=argparse.SUPPRESS)
 
     check = sub.add_parser("check", help="validate a robot config and print it resolved")
@@ -52,8 +64,11 @@ def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     if args.command == "serve":
         from robotd.daemon import setup_logging
+        from robotd.procutil import die_with_parent
         from robotd.worker.server import serve
 
+        # A local worker goes when its daemon goes; a remote one's parent is a shell or systemd.
+        die_with_parent()
         setup_logging()
         serve(args.policy, args.bind, policy_kwargs=_policy_kwargs(args))
         return 0
@@ -68,6 +83,7 @@ def main(argv: list[str] | None = None) -> int:
     from robotd import daemon
 
     daemon.setup_logging(args.verbose)
-    opts = daemon.Options(duration=args.duration, summary=args.summary, worker=args.worker,
-                          status=not args.no_status)
+    opts = daemon.Options(
+        duration=args.duration, summary=args.summary, worker=args.worker, status=not args.no_status
+    )
     return daemon.run(cfg, opts)

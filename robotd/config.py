@@ -44,9 +44,14 @@ class ControlConfig(_Model):
     clock: Literal["wall", "virtual"] = "wall"
     refill_steps: int = Field(4, ge=0)
     merge: Literal["replace", "fade", "ensemble"] = "replace"
+    # realtime: drop a late chunk's rows for steps already past; false = the naive baseline
+    # (rows play from the chunk's start, late), for benchmarks only
+    aligned: bool = True
     fade_steps: int = Field(5, ge=1)
     ensemble_decay: float = Field(0.1, ge=0)
-    latency_s: float | None = Field(None, ge=0)  # virtual clock: fixed policy latency; None = measured
+    latency_s: float | None = Field(
+        None, ge=0
+    )  # virtual clock: fixed policy latency; None = measured
     max_hold_steps: int = Field(300, ge=1)
     max_steps: int = Field(0, ge=0)  # 0 = no limit
     control_mode: Literal["absolute", "delta", "velocity"] = "absolute"
@@ -74,7 +79,9 @@ class JointsConfig(_Model):
                 raise ValueError(f"{key}: needs one value per joint ({n}), got {got}")
         for i, (lo, hi) in enumerate(zip(self.lower, self.upper)):
             if not lo < hi:
-                raise ValueError(f"lower/upper: joint {self.names[i]!r} has lower {lo} >= upper {hi}")
+                raise ValueError(
+                    f"lower/upper: joint {self.names[i]!r} has lower {lo} >= upper {hi}"
+                )
         unknown = [g for g in self.grippers if g not in self.names]
         if unknown:
             raise ValueError(f"grippers: {unknown} are not joint names {self.names}")
@@ -142,15 +149,17 @@ class Config(_Model):
         clash = set(self.cameras) & {"joints.pos", "joints.vel"}
         for name in self.cameras:
             if not name or not name.replace("_", "").replace("-", "").isalnum():
-                raise ValueError(f"cameras.{name!r}: a camera name must be alphanumeric (- and _ allowed)")
+                raise ValueError(
+                    f"cameras.{name!r}: a camera name must be alphanumeric (- and _ allowed)"
+                )
         if clash:
             raise ValueError(f"cameras: names {sorted(clash)} clash with joint observation keys")
         if self.robot.start == "episode" and (
             self.joints.driver != "sim" or any(c.driver != "sim" for c in self.cameras.values())
         ):
             raise ValueError(
-                "robot.start: 'episode' (start moving by itself) is allowed for simulated robots only; "
-                "a real robot starts 'latched'"
+                "robot.start: 'episode' (start moving by itself) is allowed for simulated "
+                "robots only; a real robot starts 'latched'"
             )
         return self
 
@@ -185,7 +194,9 @@ def _apply_override(raw: dict[str, Any], assignment: str) -> None:
     node[parts[-1]] = _parse_value(text.strip())
 
 
-def load_config(path: str | os.PathLike[str] | None = None, overrides: Sequence[str] = ()) -> Config:
+def load_config(
+    path: str | os.PathLike[str] | None = None, overrides: Sequence[str] = ()
+) -> Config:
     """Read, override and validate a robot config; ConfigError names file, key path and rule."""
     path = Path(path) if path is not None else DEFAULT_CONFIG
     where = str(path)

@@ -86,11 +86,14 @@ def _create_shared(cfg: Config) -> Shared:
     if cfg.joints.driver == "sim" or any(c.driver == "sim" for c in cfg.cameras.values()):
         from drivers.sim.world import SimWorld
 
-        shared.world = SimWorld.create(shared.prefix + "world", len(cfg.joints.names),
-                                       time.monotonic_ns())
+        shared.world = SimWorld.create(
+            shared.prefix + "world", len(cfg.joints.names), time.monotonic_ns()
+        )
     for name, cam in cfg.cameras.items():
         slots = ring_slots(cam.fps, cam.ring_seconds)
-        shared.rings[name] = FrameRing.create(shared.prefix + name, (cam.height, cam.width, 3), slots)
+        shared.rings[name] = FrameRing.create(
+            shared.prefix + name, (cam.height, cam.width, 3), slots
+        )
     return shared
 
 
@@ -122,6 +125,7 @@ class Daemon:
         self.up = self.ctx.socket(zmq.PULL)
         self.up.setsockopt(zmq.LINGER, 0)
         self.handshake: Handshake | None = None
+        self.worker_failed = ""
         self.client: PolicyClient | None = None
         self.sup: Supervisor | None = None
 
@@ -144,7 +148,9 @@ class Daemon:
             with anyio.fail_after(timeout_s):
                 await event.wait()
         except TimeoutError:
-            raise TimeoutError(f"the control lane did not answer {cmd!r} within {timeout_s} s") from None
+            raise TimeoutError(
+                f"the control lane did not answer {cmd!r} within {timeout_s} s"
+            ) from None
         finally:
             reply = self._replies.pop(rid, None)
         return reply
@@ -191,9 +197,21 @@ class Daemon:
     def _on_event(self, msg: dict[str, Any], tg: anyio.abc.TaskGroup) -> None:
         name = msg.get("name")
         detail = {k: v for k, v in msg.items() if k not in ("k", "name")}
-        level = logging.WARNING if name in ("fault", "driver_error", "overrun", "bad_message",
-                                            "loop_died", "act_failed", "episode_reset",
-                                            "rt_warning") else logging.INFO
+        level = (
+            logging.WARNING
+            if name
+            in (
+                "fault",
+                "driver_error",
+                "overrun",
+                "bad_message",
+                "loop_died",
+                "act_failed",
+                "episode_reset",
+                "rt_warning",
+            )
+            else logging.INFO
+        )
         if name != "rt_warning":
             log.log(level, "%s %s", name, detail)
         if name == "episode_end" and self.client is not None:
@@ -246,59 +264,106 @@ class Daemon:
         return False
 
     async def _on_camera_exit(self, child: Child, code: int) -> bool:
-        log.error("%s exited (code %s): its frames go stale, no act is asked; restarting",
-                  child.name, code)
+        log.error(
+            "%s exited (code %s): its frames go stale, no act is asked; restarting",
+            child.name,
+            code,
+        )
         return True
 
     async def _on_worker_exit(self, child: Child, code: int) -> bool:
+        if self.handshake is None:
+            self.worker_failed = f"the local policy worker exited with code {code} before it served"
+            return False
         log.error("the local policy worker exited (code %s): restarting it", code)
         self.send_down({"k": "episode_lost", "cause": f"local worker exited with code {code}"})
         return True
 
     async def _start_children(self, sup: Supervisor) -> str:
-        await sup.start(Child("control", python_module("robotd.control.process", self._control_spec()),
-                              on_exit=self._on_control_exit))
+        await sup.start(
+            Child(
+                "control",
+                python_module("robotd.control.process", self._control_spec()),
+                on_exit=self._on_control_exit,
+            )
+        )
         for name in self.cfg.cameras:
-            await sup.start(Child(f"camera:{name}", python_module("robotd.camera_proc",
-                                                                   self._camera_spec(name)),
-                                  on_exit=self._on_camera_exit))
+            await sup.start(
+                Child(
+                    f"camera:{name}",
+                    python_module("robotd.camera_proc", self._camera_spec(name)),
+                    on_exit=self._on_camera_exit,
+                )
+            )
         endpoint = self.opts.worker or self.cfg.policy.worker
         if not endpoint:
             endpoint = f"ipc://{self.dir}/worker-{os.getpid()}.sock"
-            argv = python_module("robotd", "serve", self.cfg.policy.serve, "--bind", endpoint,
-                                 "--args-json", json.dumps(self.cfg.policy.args))
+            argv = python_module(
+                "robotd",
+                "serve",
+                self.cfg.policy.serve,
+                "--bind",
+                endpoint,
+                "--args-json",
+                json.dumps(self.cfg.policy.args),
+            )
             await sup.start(Child("worker", argv, on_exit=self._on_worker_exit))
         return endpoint
 
     async def _connect_policy(self, endpoint: str) -> None:
-        client = PolicyClient(endpoint, timeout_s=self.cfg.policy.timeout_s)
+        # Short hellos while the worker comes up, so a dead one is noticed quickly.
+        client = PolicyClient(endpoint, timeout_s=1.0)
         deadline = time.monotonic() + READY_TIMEOUT_S
         while True:
             try:
                 self.handshake = await client.connect()
+                client.timeout_s = self.cfg.policy.timeout_s
                 break
             except (TimeoutError, PolicyError) as exc:
+                if self.worker_failed:
+                    raise StartupError(
+                        f"{self.worker_failed} (policy {self.cfg.policy.serve})"
+                    ) from None
                 if time.monotonic() > deadline:
-                    raise StartupError(f"policy worker at {endpoint} did not answer hello: {exc}") from None
+                    raise StartupError(
+                        f"policy worker at {endpoint} did not answer hello: {exc}"
+                    ) from None
                 await anyio.sleep(0.2)
         self.client = client
         hs = self.handshake
-        configured_obs = (Observations.from_wire(self.cfg.policy.observations, "policy.observations")
-                          if self.cfg.policy.observations is not None else None)
-        configured_act = (Actions.from_wire(self.cfg.policy.actions, "policy.actions")
-                          if self.cfg.policy.actions is not None else None)
+        configured_obs = (
+            Observations.from_wire(self.cfg.policy.observations, "policy.observations")
+            if self.cfg.policy.observations is not None
+            else None
+        )
+        configured_act = (
+            Actions.from_wire(self.cfg.policy.actions, "policy.actions")
+            if self.cfg.policy.actions is not None
+            else None
+        )
         obs = choose_contract(hs.observations, configured_obs)
         actions = hs.actions if hs.actions is not None else configured_act
         resolved = obs.resolve(self.cfg.control.hz) if obs is not None else None
         planner = WindowPlanner(resolved, self.cfg.observation_keys)
         self.steps.keep = planner.lookback + 2 * int(self.cfg.control.hz) + 16
-        self.link = ActLink(client, planner, self.steps, FrameSource(self.shared.rings), self.send_down,
-                            control_hz=self.cfg.control.hz, actions=actions,
-                            camera_names=set(self.cfg.cameras))
+        self.link = ActLink(
+            client,
+            planner,
+            self.steps,
+            FrameSource(self.shared.rings),
+            self.send_down,
+            control_hz=self.cfg.control.hz,
+            actions=actions,
+            camera_names=set(self.cfg.cameras),
+        )
         olh = actions.open_loop_horizon if actions is not None else None
         self.send_down({"k": "contract", "open_loop_horizon": olh})
-        log.info("policy %s at %s: streams %s", hs.policy, endpoint,
-                 sorted(resolved.keys) if resolved else "undeclared (the act's own step)")
+        log.info(
+            "policy %s at %s: streams %s",
+            hs.policy,
+            endpoint,
+            sorted(resolved.keys) if resolved else "undeclared (the act's own step)",
+        )
 
     # ---- the run ---------------------------------------------------------------------------
 
@@ -364,7 +429,11 @@ class Daemon:
             for v in self.link.counters.rtt_ms:
                 self.summary.rtt.add(v)
         control = self.sup.children.get("control") if self.sup else None
-        if control is not None and control.process is not None and control.process.returncode is None:
+        if (
+            control is not None
+            and control.process is not None
+            and control.process.returncode is None
+        ):
             assert self.sup is not None
             self.sup.stopping = True
             self.send_down({"k": "stop"})

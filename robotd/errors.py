@@ -21,6 +21,13 @@ def _loc(loc: tuple[Any, ...]) -> str:
     return out
 
 
+def _num(value: Any) -> Any:
+    """0.0 reads as 0 in a message: the rule, not the float."""
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    return value
+
+
 def _rule(err: dict[str, Any]) -> str:
     kind = err.get("type", "")
     ctx = err.get("ctx") or {}
@@ -33,7 +40,7 @@ def _rule(err: dict[str, Any]) -> str:
     }
     if kind in ops:
         sym, key = ops[kind]
-        return f"must be {sym} {ctx.get(key)}, got {got!r}"
+        return f"must be {sym} {_num(ctx.get(key))}, got {got!r}"
     if kind == "extra_forbidden":
         return "unknown key"
     if kind == "missing":

@@ -17,6 +17,9 @@ PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
 _stop_event: threading.Event | None = None
 
 
+PARENT_ENV = "ROBOTD_PARENT_PID"
+
+
 def die_with_parent(expected_parent: int | None = None) -> bool:
     """Have the kernel send this process SIGTERM when its parent dies (Linux prctl).
 
@@ -27,6 +30,11 @@ def die_with_parent(expected_parent: int | None = None) -> bool:
     """
     if not sys.platform.startswith("linux"):
         return False
+    if expected_parent is None:
+        # Set by robotd's supervisor for its children, so a parent that died between fork and
+        # here is noticed too.
+        env = os.environ.get(PARENT_ENV, "")
+        expected_parent = int(env) if env.isdigit() else None
     try:
         libc = ctypes.CDLL(None, use_errno=True)
         rc = libc.prctl(

@@ -89,6 +89,9 @@ class RunSummary:
             "starved_episodes": s.get("starved_episodes", 0),
             "stale_chunks": s.get("stale_chunks", 0),
             "rows_dropped": s.get("rows_dropped", 0),
+            "stale_rows_played": s.get("stale_rows_played", 0),
+            "ask_latency": s.get("ask_latency")
+            or {"count": 0, "steps": {"p50": 0, "p99": 0}, "ms": {"p50": 0.0, "p99": 0.0}},
             "episode_resets": s.get("episode_resets", 0),
             "interventions": s.get("interventions", 0),
             "invalid_observations": s.get("invalid_observations", 0),

@@ -8,12 +8,15 @@ SIGTERM, waits a grace period, then SIGKILLs what is left.
 from __future__ import annotations
 
 import logging
+import os
 import sys
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 
 import anyio
 from anyio.abc import Process
+
+from robotd.procutil import PARENT_ENV
 
 log = logging.getLogger("robotd.supervisor")
 
@@ -48,8 +51,9 @@ class Supervisor:
         return child
 
     async def _spawn(self, child: Child) -> None:
+        env = {**os.environ, PARENT_ENV: str(os.getpid())}
         child.process = await anyio.open_process(
-            list(child.argv), stdin=None, stdout=None, stderr=None
+            list(child.argv), stdin=None, stdout=None, stderr=None, env=env
         )
         child.exited = anyio.Event()
         log.debug("started %s (pid %d)", child.name, child.process.pid)

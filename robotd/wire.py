@@ -6,8 +6,9 @@ Contract:
   plain numeric dtype (bool, int8..int64, uint8..uint64, float16/32/64; any byte order,
   any strides). Anything else raises `WireError` naming the type or dtype.
 - `unpackb(data)` returns the same structure (tuples come back as lists, numpy scalars as
-  Python scalars). Untrusted input is bounded (total size, container lengths, nesting
-  depth) and every problem raises `WireError` naming it.
+  Python scalars). Map keys must be str or bytes (an int key packs but does not unpack).
+  Untrusted input is bounded (total size, string and container lengths, nesting depth
+  MAX_DEPTH) and every problem raises `WireError` naming it.
 - Arrays come back READ-ONLY: they are zero-copy `np.frombuffer` views of the received
   bytes (fast for large frames, no per-element work). Call `.copy()` to modify one.
   Their data is 8-byte aligned on CPython (the header is a multiple of 8 bytes).

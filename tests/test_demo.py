@@ -3,7 +3,12 @@
 from __future__ import annotations
 
 import math
+import shutil
+import tempfile
+import threading
+from pathlib import Path
 
+import anyio
 import cv2
 import numpy as np
 import pytest
@@ -12,6 +17,8 @@ from drivers.sim import geometry as g
 from robotd import wire
 from robotd.contract import Actions, Observations, Stream
 from robotd.demo import DotFollower
+from robotd.link.client import PolicyClient
+from robotd.worker.server import serve
 
 W, H = 640, 480
 HZ = 30.0
@@ -145,3 +152,40 @@ def test_tolerance_finds_a_jpeg_compressed_dot() -> None:
     decoded = cv2.imdecode(jpeg, cv2.IMREAD_UNCHANGED)
     found = DotFollower(colour_tolerance=40).find_dot(decoded)
     assert found is not None and np.linalg.norm(found - p) < 2 * PIXEL
+
+
+def test_served_demo_answers_like_the_policy() -> None:
+    """`serve` (in a thread here) hands the window over unchanged; `--arg` strings convert."""
+    sockdir = Path(tempfile.mkdtemp(prefix="robotd-demo-"))  # ipc paths must stay short
+    bound: list[str] = []
+    listening, stop = threading.Event(), threading.Event()
+
+    def ready(endpoint: str) -> None:
+        bound.append(endpoint)
+        listening.set()
+
+    server = threading.Thread(target=serve, args=("robotd.demo:DotFollower",
+                                                  f"ipc://{sockdir}/w.sock"),
+                              kwargs={"policy_kwargs": {"horizon": "5"}, "ready": ready,
+                                      "stop": stop})
+    server.start()
+    p0, p1 = np.array([1.0, 0.5]), np.array([1.02, 0.49])
+    q = np.array([*g.inverse(p1), 0.1])
+    inputs = window(10, 3, p0, p1, q)
+
+    async def main() -> None:
+        client = PolicyClient(bound[0], timeout_s=10)
+        hello = await client.connect()
+        assert hello.observations == DotFollower.observations
+        result = await client.act("demo", 10, inputs["steps"], inputs["observations"])
+        np.testing.assert_allclose(result.actions, DotFollower(horizon=5).infer(inputs))
+        await client.close()
+
+    try:
+        assert listening.wait(10)
+        anyio.run(main, backend_options={"use_uvloop": True})
+    finally:
+        stop.set()
+        server.join(10)
+        shutil.rmtree(sockdir, ignore_errors=True)
+    assert not server.is_alive()

@@ -128,7 +128,7 @@ def test_reader_never_gets_a_torn_frame_from_a_writer_process(prefix: str) -> No
     shape = (240, 320, 3)
     ring = FrameRing.create(prefix + "cam", shape, 2)  # 2 slots: the writer laps constantly
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    proc = subprocess.Popen([sys.executable, "-c", _WRITER, ring.name, "0.7"], env=env)
+    proc = subprocess.Popen([sys.executable, "-c", _WRITER, ring.name, "0.4"], env=env)
     try:
         deadline = time.monotonic() + 15
         while ring.latest() is None:

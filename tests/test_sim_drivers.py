@@ -234,8 +234,8 @@ def test_render_top_puts_the_dot_where_world_to_pixel_says(t_s: float) -> None:
     radius_px = g.DOT_RADIUS * 640 / (g.TOP_VIEW[2] - g.TOP_VIEW[0])
     area = np.all(img == g.DOT_COLOUR, axis=-1).sum()
     assert area == pytest.approx(math.pi * radius_px**2, rel=0.15)
-    colours = {tuple(int(x) for x in c) for c in np.unique(img.reshape(-1, 3), axis=0)}
-    assert colours == {g.BACKGROUND, g.ARM_COLOUR, g.TIP_COLOUR, g.DOT_COLOUR}
+    counts = [np.all(img == c, axis=-1).sum() for c in (g.BACKGROUND, g.ARM_COLOUR, g.TIP_COLOUR)]
+    assert all(counts) and sum(counts) + area == 640 * 480  # exact colours only: no blending
     _, tip = g.forward(q)
     tu, tv = g.world_to_pixel(tip, g.TOP_VIEW, 640, 480)
     assert tuple(img[int(tv), int(tu)]) == g.TIP_COLOUR

@@ -24,6 +24,7 @@ import zmq
 from robotd import wire
 from robotd.contract import Actions, Observations
 from robotd.link.client import PolicyClient, PolicyError
+from robotd.worker.policy_host import PolicyCallError, PolicyHost, PolicyLoadError
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -62,6 +63,13 @@ POLICIES = textwrap.dedent('''
             x = float(np.sum(last.get("x", 0)))
             return {"rows": np.array([[inputs["steps"][-1], len(inputs["steps"]), self.resets,
                                        self.ends, x * self.gain]] * 2)}
+
+    class Broken:
+        def __init__(self):
+            raise RuntimeError("no GPU")
+
+        def infer(self, obs):
+            return [[0.0]]
 
     class Bare:
         """No contract: handed the act's own observation, answers the rows themselves."""
@@ -358,6 +366,36 @@ def test_timeout_against_a_worker_that_never_answers(sockdir: Path) -> None:
         fake.close()
 
 
+def test_close_fails_requests_still_waiting(sockdir: Path) -> None:
+    endpoint = f"ipc://{sockdir}/closing.sock"
+    fake = _FakeWorker(endpoint, lambda req: [_hello_reply(req)] if req["cmd"] == "hello" else [])
+
+    async def main() -> None:
+        client = PolicyClient(endpoint, timeout_s=20)
+        await client.connect()
+        codes: list[str] = []
+
+        async def waiting(step: int) -> None:
+            with pytest.raises(PolicyError) as err:
+                await client.act("W", step, [step], [{}])
+            codes.append(err.value.code)
+
+        with anyio.fail_after(10):  # not the 20 s request timeout: close ends the waits
+            async with anyio.create_task_group() as tg:
+                for step in range(3):
+                    tg.start_soon(waiting, step)
+                await anyio.wait_all_tasks_blocked()
+                await client.close()
+        assert codes == ["closed"] * 3
+        with pytest.raises(PolicyError, match="not connected"):
+            await client.end_episode("W")
+
+    try:
+        run(main)
+    finally:
+        fake.close()
+
+
 def test_late_reply_is_dropped_and_the_next_one_matched(sockdir: Path) -> None:
     held: list[dict] = []
 
@@ -450,3 +488,49 @@ def test_malformed_hello_reply_names_the_field(sockdir: Path, result: dict, need
         run(main)
     finally:
         fake.close()
+
+
+@pytest.mark.parametrize(
+    ("spec", "kwargs", "needle"),
+    [
+        ("policies_mod", {}, "expected MODULE:CLASS"),
+        ("no_such_mod_xyz:P", {}, "cannot import module 'no_such_mod_xyz'"),
+        ("policies_mod:Nope", {}, "has no attribute 'Nope'"),
+        ("policies_mod:np", {}, "is not a class"),
+        ("policies_mod:Windowed", {"gian": "1"}, "unknown argument 'gian' (takes: gain)"),
+        ("policies_mod:Windowed", {"gain": "fast"}, "argument 'gain': 'fast' is not float"),
+        ("policies_mod:Broken", {}, "constructor failed: RuntimeError: no GPU"),
+    ],
+)
+def test_policy_load_errors_name_the_problem(sockdir: Path, monkeypatch: pytest.MonkeyPatch,
+                                             spec: str, kwargs: dict, needle: str) -> None:
+    monkeypatch.syspath_prepend(str(sockdir))
+    with pytest.raises(PolicyLoadError) as err:
+        PolicyHost(spec, kwargs)
+    assert needle in str(err.value)
+
+
+def test_failed_reset_is_retried_and_episodes_bookkept(sockdir: Path,
+                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.syspath_prepend(str(sockdir))
+    host = PolicyHost("policies_mod:Windowed", {"gain": "2"})
+    assert host.policy.gain == 2.0
+    failures = iter([True, False])
+
+    def flaky_reset() -> None:
+        if next(failures):
+            raise OSError("camera busy")
+        host.policy.resets += 1
+
+    host.policy.reset = flaky_reset
+    with pytest.raises(PolicyCallError) as err:
+        host.begin("R1")
+    assert err.value.code == "policy_error" and "reset() raised OSError: camera busy" in str(
+        err.value)
+    host.begin("R1")  # tried again, now it works
+    host.begin("R1")  # same episode: no second reset
+    assert host.policy.resets == 1 and host.current == "R1"
+    host.end_episode("R1")
+    assert host.policy.ends == 1 and host.current is None
+    with pytest.raises(PolicyCallError, match="has ended"):
+        host.begin("R1")

@@ -44,7 +44,9 @@ class EpisodeMachine:
         self.fault: Fault | None = None
         if start == "latched":
             self.state = State.FAULT
-            self.fault = Fault("startup", "started latched: clear_fault to enable motion", active=False)
+            self.fault = Fault(
+                "startup", "started latched: clear_fault to enable motion", active=False
+            )
         else:
             self.state = State.IDLE
 
@@ -69,7 +71,9 @@ class EpisodeMachine:
 
     def reset_done(self) -> None:
         if self.state not in (State.ENDED, State.RESETTING):
-            raise CommandRefused("bad_state", f"reset_done needs ENDED or RESETTING, state is {self.state}")
+            raise CommandRefused(
+                "bad_state", f"reset_done needs ENDED or RESETTING, state is {self.state}"
+            )
         self.state = State.IDLE
 
     def latch(self, cause: str, detail: str, *, active: bool = True) -> bool:
@@ -92,7 +96,8 @@ class EpisodeMachine:
         assert self.fault is not None
         if self.fault.active:
             raise CommandRefused(
-                "fault_active", f"cannot clear: {self.fault.cause} still present ({self.fault.detail})"
+                "fault_active",
+                f"cannot clear: {self.fault.cause} still present ({self.fault.detail})",
             )
         self.fault = None
         self.state = State.IDLE

@@ -20,6 +20,7 @@ import numpy as np
 from drivers.base import JointState
 from robotd.config import Config
 from robotd.control.episode import CommandRefused, EpisodeMachine, State
+from robotd.control.histogram import LatencyHistogram
 from robotd.control.queue import ActionQueue, QueueConfig
 from robotd.control.shield import REJECTED, Shield
 
@@ -52,6 +53,36 @@ class Counters:
     invalid_observations: int = 0
     driver_errors: int = 0
     bad_chunks: int = 0
+    stale_rows_played: int = 0  # realtime: rows played after the step they were meant for
+
+
+class AskLatency:
+    """Ask → merge latency of every merged chunk, in control steps (exact counts) and in
+    ns of the tick clock (a LatencyHistogram); `summary()` gives p50/p99 of each."""
+
+    def __init__(self) -> None:
+        self.steps: dict[int, int] = {}
+        self.ns = LatencyHistogram()
+
+    def add(self, steps: int, ns: int) -> None:
+        self.steps[steps] = self.steps.get(steps, 0) + 1
+        self.ns.add(ns)
+
+    def _steps_percentile(self, q: float) -> int:
+        rank, seen = max(1, -(-self.ns.count * q // 100)), 0  # nearest rank
+        for value in sorted(self.steps):
+            seen += self.steps[value]
+            if seen >= rank:
+                return value
+        return 0
+
+    def summary(self) -> dict[str, Any]:
+        """{"count", "steps": {"p50", "p99"}, "ms": {"p50", "p99"}}; zeros when empty."""
+        return {
+            "count": self.ns.count,
+            "steps": {"p50": self._steps_percentile(50), "p99": self._steps_percentile(99)},
+            "ms": {"p50": self.ns.percentile(50) / 1e3, "p99": self.ns.percentile(99) / 1e3},
+        }
 
 
 class Kernel:
@@ -76,15 +107,16 @@ class Kernel:
         c = cfg.control
         self.machine = EpisodeMachine(cfg.robot.start)
         self._queue_cfg = QueueConfig(
-                dim=self.dim,
-                timing=c.timing,
-                open_loop_horizon=None,
-                refill_steps=c.refill_steps,
-                merge=c.merge,
-                fade_steps=c.fade_steps,
-                ensemble_decay=c.ensemble_decay,
-                grippers=cfg.joints.gripper_indices(),
-            )
+            dim=self.dim,
+            timing=c.timing,
+            open_loop_horizon=None,
+            refill_steps=c.refill_steps,
+            merge=c.merge,
+            fade_steps=c.fade_steps,
+            ensemble_decay=c.ensemble_decay,
+            grippers=cfg.joints.gripper_indices(),
+            aligned=c.aligned,
+        )
         self.queue = ActionQueue(self._queue_cfg)
         s = cfg.safety
         self.shield = Shield(
@@ -98,6 +130,9 @@ class Kernel:
             reject_run=s.reject_run,
         )
         self.counters = Counters()
+        self.ask_latency = AskLatency()
+        self._now_ns = 0  # the present tick's time
+        self._ask_ns = 0  # the time of the tick that asked the act in flight
         self.cam_limits = {name: int(cam.max_age_ms * 1e6) for name, cam in cfg.cameras.items()}
         self.step = 0  # step within the worker-side episode
         self.wep = ""  # worker-side episode id
@@ -152,8 +187,9 @@ class Kernel:
             "wep": self.wep,
             "step": self.step,
             "outcome": m.outcome,
-            "fault": None if m.fault is None else {"cause": m.fault.cause, "detail": m.fault.detail,
-                                                   "active": m.fault.active},
+            "fault": None
+            if m.fault is None
+            else {"cause": m.fault.cause, "detail": m.fault.detail, "active": m.fault.active},
             "queue": len(self.queue),
             "in_flight": self._in_flight is not None,
             "torque": self.torque_on,
@@ -184,9 +220,14 @@ class Kernel:
         if self.machine.state is not State.RUNNING:
             return
         self.counters.episode_resets += 1
-        flushed = 0 if self.cfg.control.finish_queue_on_reset else self.queue.flush()
+        keep = self.queue.peek().copy() if self.cfg.control.finish_queue_on_reset else None
+        flushed = self.queue.flush(keep_seam=True)
         old = self.wep
         self._new_worker_episode()
+        if keep is not None and len(keep):
+            # Let the queued rows finish: they become rows of the new episode from its step 0.
+            self.queue.merge(keep, 0, 0)
+            flushed = 0
         self._event("episode_reset", cause=cause, old_wep=old, new_wep=self.wep, flushed=flushed)
 
     # ---- the tick --------------------------------------------------------------------------
@@ -201,6 +242,7 @@ class Kernel:
         """One tick. `joints` None means the read failed this tick. Returns the target to
         write, or None when nothing may be written (torque off or no joint state yet)."""
         self.counters.ticks += 1
+        self._now_ns = now_ns
         if joints is None:
             return self._driver_trouble()
         self._driver_fail_run = 0
@@ -218,7 +260,7 @@ class Kernel:
         self._merge_pending()
         if valid is not None and self._should_ask():
             self._ask()
-        row = self.queue.pop(self.step)
+        row = self._pop()
         target = self._play(row) if row is not None else self._held(self.step)
         self.step += 1
         self.counters.steps += 1
@@ -267,12 +309,25 @@ class Kernel:
                 self.counters.bad_chunks += 1
                 self._event("bad_chunk", ask=chunk.ask_id, shape=list(rows.shape), dim=self.dim)
                 continue
+            try:
+                result = self.queue.merge(rows, chunk.step, self.step)
+            except ValueError as exc:  # NaN/inf or non-numeric rows: refused whole, hold
+                self.counters.bad_chunks += 1
+                self._event("bad_chunk", ask=chunk.ask_id, error=str(exc)[:200])
+                continue
             self.counters.chunks += 1
-            result = self.queue.merge(rows, chunk.step, self.step)
+            self.ask_latency.add(self.step - chunk.step, self._now_ns - self._ask_ns)
             self.emit(
-                {"k": "chunk", "ask": chunk.ask_id, "wep": chunk.wep, "from": chunk.step,
-                 "at": self.step, "rows": int(rows.shape[0]), "dropped": result.dropped,
-                 "stale": result.stale}
+                {
+                    "k": "chunk",
+                    "ask": chunk.ask_id,
+                    "wep": chunk.wep,
+                    "from": chunk.step,
+                    "at": self.step,
+                    "rows": int(rows.shape[0]),
+                    "dropped": result.dropped,
+                    "stale": result.stale,
+                }
             )
         self._pending.clear()
 
@@ -284,15 +339,34 @@ class Kernel:
     def _ask(self) -> None:
         self._ask_id += 1
         self._in_flight = self._ask_id
+        self._ask_ns = self._now_ns
         self.counters.acts += 1
-        ask = {"k": "ask", "id": self._ask_id, "wep": self.wep, "s": self.step,
-               "ep": self.machine.episode, "queue": len(self.queue)}
+        ask = {
+            "k": "ask",
+            "id": self._ask_id,
+            "wep": self.wep,
+            "s": self.step,
+            "ep": self.machine.episode,
+            "queue": len(self.queue),
+        }
         self.emit(ask)
         if self._asker is not None:
             chunk = self._asker(ask)
             if chunk is not None:
                 self.deliver(chunk)
                 self._merge_pending()
+
+    def _pop(self) -> np.ndarray | None:
+        """The queue's row for this step; counts it in stale_rows_played (realtime) when the
+        queue's own bookkeeping says it was meant for an earlier step (the naive baseline)."""
+        queue = self.queue
+        front, dropped = queue.front_step, queue.counters.rows_dropped
+        row = queue.pop(self.step)
+        if row is not None and front is not None and self._queue_cfg.timing == "realtime":
+            meant = front + queue.counters.rows_dropped - dropped  # rows skipped by pop
+            if meant < self.step:
+                self.counters.stale_rows_played += 1
+        return row
 
     def _play(self, row: np.ndarray) -> np.ndarray:
         mode = self.cfg.control.control_mode
@@ -303,12 +377,20 @@ class Kernel:
             row = last + row * self.dt
         verdict = self.shield.check(row)
         if verdict.outcome != "ok":
-            self.emit({"k": "shield", "outcome": verdict.outcome, "reason": verdict.reason,
-                       "s": self.step})
+            self.emit(
+                {
+                    "k": "shield",
+                    "outcome": verdict.outcome,
+                    "reason": verdict.reason,
+                    "s": self.step,
+                }
+            )
         if verdict.outcome == REJECTED:
             if verdict.fault:
-                self._latch("safety", f"{self.cfg.safety.reject_run} rejected actions in a row: "
-                            f"{verdict.reason}")
+                self._latch(
+                    "safety",
+                    f"{self.cfg.safety.reject_run} rejected actions in a row: {verdict.reason}",
+                )
             return self._held(self.step, count_watchdog=False)
         self._consecutive_holds = 0
         return verdict.target
@@ -365,15 +447,27 @@ class Kernel:
             return False
         flushed = self.queue.flush()
         self._in_flight = None
-        self._event("episode_end", episode=self.machine.episode, wep=self.wep, outcome=outcome,
-                    steps=self.step, flushed=flushed)
+        self._event(
+            "episode_end",
+            episode=self.machine.episode,
+            wep=self.wep,
+            outcome=outcome,
+            steps=self.step,
+            flushed=flushed,
+        )
         return True
 
     def _latch(self, cause: str, detail: str, *, active: bool = True) -> None:
         was_running = self.machine.state is State.RUNNING
         if was_running:
-            self._event("episode_end", episode=self.machine.episode, wep=self.wep, outcome="fault",
-                        steps=self.step, flushed=self.queue.flush())
+            self._event(
+                "episode_end",
+                episode=self.machine.episode,
+                wep=self.wep,
+                outcome="fault",
+                steps=self.step,
+                flushed=self.queue.flush(),
+            )
             self._in_flight = None
         entered = self.machine.latch(cause, detail, active=active)
         if entered:

@@ -76,6 +76,8 @@ class ControlLane:
         self.hist = LatencyHistogram()
         self.ticker = Ticker.from_hz(self.cfg.control.hz, spin_ns=self.cfg.control.spin_us * 1000)
         self.stop = threading.Event()
+        # Start holding where the joints are (the driver anchors its target on torque on).
+        self.driver.torque(True)
         self.torque = True
         self.warnings: list[str] = []
 
@@ -107,16 +109,28 @@ class ControlLane:
             rows = msg["rows"]
             if not isinstance(rows, np.ndarray):
                 rows = np.asarray(rows, dtype=np.float64)
-            self.kernel.deliver(Chunk(int(msg["ask"]), str(msg["wep"]), int(msg["s"]),
-                                      rows.astype(np.float64, copy=False)))
+            self.kernel.deliver(
+                Chunk(
+                    int(msg["ask"]),
+                    str(msg["wep"]),
+                    int(msg["s"]),
+                    rows.astype(np.float64, copy=False),
+                )
+            )
         elif kind == "cmd":
             rid = msg.get("id")
             try:
                 result = self.kernel.command(str(msg["cmd"]), msg.get("args") or {})
                 self._send({"k": "reply", "id": rid, "ok": True, "result": result})
             except CommandRefused as exc:
-                self._send({"k": "reply", "id": rid, "ok": False,
-                            "error": {"code": exc.code, "message": str(exc)}})
+                self._send(
+                    {
+                        "k": "reply",
+                        "id": rid,
+                        "ok": False,
+                        "error": {"code": exc.code, "message": str(exc)},
+                    }
+                )
             self._send({"k": "state", **self.kernel.status()})
         elif kind == "act_failed":
             self.kernel.act_failed(int(msg["ask"]), str(msg.get("reason", "")))
@@ -145,6 +159,7 @@ class ControlLane:
                 "overruns": self.ticker.overruns,
                 "stale_chunks": q.stale_chunks,
                 "rows_dropped": q.rows_dropped,
+                "ask_latency": self.kernel.ask_latency.summary(),
                 "interventions": s.interventions,
                 "clipped": s.clipped,
                 "clamped": s.clamped,
@@ -161,7 +176,9 @@ class ControlLane:
             joints = self.driver.read()
         except DriverFault as exc:
             joints = None
-            self._send({"k": "event", "name": "driver_error", "error": str(exc), "joint": exc.joint})
+            self._send(
+                {"k": "event", "name": "driver_error", "error": str(exc), "joint": exc.joint}
+            )
         frames = {name: ring.latest() for name, ring in self.rings.items()}
         truth = self.driver.ground_truth() if self.has_truth else None
         target = self.kernel.update(time.monotonic_ns(), joints, frames, truth)
@@ -193,8 +210,14 @@ class ControlLane:
             if tick.skipped:
                 report = overruns.record(tick.woke_ns, tick.skipped)
                 if report is not None:
-                    self._send({"k": "event", "name": "overrun", "overruns": report[0],
-                                "skipped": report[1]})
+                    self._send(
+                        {
+                            "k": "event",
+                            "name": "overrun",
+                            "overruns": report[0],
+                            "skipped": report[1],
+                        }
+                    )
             self._drain()
             self._tick_io()
             if first:

@@ -56,7 +56,9 @@ class Shield:
         self.upper = np.asarray(upper, dtype=np.float64)
         self.tol = float(clip_tolerance)
         self.max_step = None if max_velocity is None else np.asarray(max_velocity) * dt
-        self.max_dstep = None if max_acceleration is None else np.asarray(max_acceleration) * dt * dt
+        self.max_dstep = (
+            None if max_acceleration is None else np.asarray(max_acceleration) * dt * dt
+        )
         self.reject_run = reject_run
         self.counters = ShieldCounters()
         self._run = 0
@@ -91,6 +93,8 @@ class Shield:
         if not np.isfinite(target).all():
             bad = [self.names[i] for i in np.flatnonzero(~np.isfinite(target))]
             return self._reject(f"non-finite action for {', '.join(bad)}")
+        # Own the target: the queue hands out a row buffer it overwrites on the next pop.
+        target = target.astype(np.float64, copy=True)
         below = self.lower - target
         above = target - self.upper
         out = np.maximum(below, above)
@@ -108,7 +112,9 @@ class Shield:
         step = target - self._last
         limited = step
         if self.max_dstep is not None:
-            limited = np.clip(limited, self._prev_step - self.max_dstep, self._prev_step + self.max_dstep)
+            limited = np.clip(
+                limited, self._prev_step - self.max_dstep, self._prev_step + self.max_dstep
+            )
         if self.max_step is not None:
             limited = np.clip(limited, -self.max_step, self.max_step)
         if limited is not step and not np.array_equal(limited, step):

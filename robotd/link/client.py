@@ -87,6 +87,10 @@ class PolicyClient:
         self._send_lock = anyio.Lock()
         self._raw: zmq.Socket | None = None  # sync view of the same socket, for NOBLOCK reads
         self._receiving = False  # one caller at a time reads the socket for everyone
+        # Scopes of the socket waits in progress, cancelled by close(): closing the socket
+        # under a pending send or poll would otherwise cancel the task from outside anyio.
+        self._poll_scope: anyio.CancelScope | None = None
+        self._send_scope: anyio.CancelScope | None = None
 
     async def connect(self) -> Handshake:
         """Connect and say hello; returns the worker's contract and endpoints."""
@@ -126,6 +130,9 @@ class PolicyClient:
         for pending in self._pending.values():
             _settle(pending, error=PolicyError("closed", "the client was closed"))
         self._pending.clear()
+        for scope in (self._poll_scope, self._send_scope):
+            if scope is not None:
+                scope.cancel()
         if self._sock is not None:
             self._sock.close(linger=0)
             self._sock = self._raw = None
@@ -142,7 +149,12 @@ class PolicyClient:
         try:
             with anyio.fail_after(timeout_s):
                 async with self._send_lock:
-                    await self._sock.send(data)
+                    if not pending.done and self._sock is not None:  # not closed meanwhile
+                        with anyio.CancelScope() as self._send_scope:
+                            try:
+                                await self._sock.send(data)
+                            finally:
+                                self._send_scope = None
                 await self._await_reply(pending)
         finally:
             self._pending.pop(rid, None)
@@ -172,9 +184,13 @@ class PolicyClient:
         Waiting is a poll, and reading never blocks: a caller cancelled (timed out) while
         it waits consumes nothing, so no other caller's reply is lost with it.
         """
-        assert self._sock is not None and self._raw is not None
-        await self._sock.poll(flags=zmq.POLLIN)
-        while True:
+        assert self._sock is not None
+        with anyio.CancelScope() as self._poll_scope:
+            try:
+                await self._sock.poll(flags=zmq.POLLIN)
+            finally:
+                self._poll_scope = None
+        while self._raw is not None:
             try:
                 data = self._raw.recv(zmq.NOBLOCK)
             except zmq.Again:

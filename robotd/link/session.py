@@ -81,7 +81,9 @@ class FrameSource:
             raise FrameLost(f"camera {camera!r} had no frame at that step")
         got = self.rings[camera].read(int(ref[0]))
         if got is None:
-            raise FrameLost(f"camera {camera!r} frame {int(ref[0])} was overwritten before it was read")
+            raise FrameLost(
+                f"camera {camera!r} frame {int(ref[0])} was overwritten before it was read"
+            )
         return got[0]
 
 
@@ -94,8 +96,11 @@ def choose_contract(
 
         diff = differences(configured, worker)
         if diff:
-            log.warning("the config's observation contract differs from the worker's (the worker's "
-                        "is used): %s", "; ".join(diff))
+            log.warning(
+                "the config's observation contract differs from the worker's (the worker's "
+                "is used): %s",
+                "; ".join(diff),
+            )
     return worker if worker is not None else configured
 
 

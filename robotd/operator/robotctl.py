@@ -24,8 +24,18 @@ from robotd.config import DEFAULT_CONFIG, load_config, runtime_dir
 from robotd.errors import ConfigError
 from robotd.operator.server import endpoints
 
-COMMANDS = ["status", "start", "stop", "estop", "clear_fault", "reset_done", "params", "stats",
-            "verdict", "watch"]
+COMMANDS = [
+    "status",
+    "start",
+    "stop",
+    "estop",
+    "clear_fault",
+    "reset_done",
+    "params",
+    "stats",
+    "verdict",
+    "watch",
+]
 
 
 class ControlClient:
@@ -57,7 +67,9 @@ class ControlClient:
 
 def _endpoints(args: argparse.Namespace) -> tuple[str, str]:
     if args.endpoint:
-        return args.endpoint, args.telemetry or args.endpoint.replace("control.sock", "telemetry.sock")
+        return args.endpoint, args.telemetry or args.endpoint.replace(
+            "control.sock", "telemetry.sock"
+        )
     cfg = load_config(args.config)
     return endpoints(cfg, runtime_dir(cfg))
 
@@ -75,7 +87,9 @@ def watch(telemetry: str, seconds: float | None) -> int:
         t = Table(title="robotd", show_header=False)
         st = msg.get("state", {})
         lat = msg.get("lateness_us", {})
-        t.add_row("state", f"{st.get('state')} (episode {st.get('episode')}, step {st.get('step')})")
+        t.add_row(
+            "state", f"{st.get('state')} (episode {st.get('episode')}, step {st.get('step')})"
+        )
         t.add_row("rate", f"{msg.get('hz', 0):.1f} Hz, lateness p99 {lat.get('p99', 0):.0f} µs")
         t.add_row("queue", f"{st.get('queue')} rows, act in flight: {st.get('in_flight')}")
         for k, v in (msg.get("counters") or {}).items():

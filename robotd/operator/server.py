@@ -8,6 +8,7 @@ with 0660 permissions; tcp is refused (it needs CURVE keys, not yet configurable
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import stat
@@ -39,8 +40,10 @@ def endpoints(cfg: Config, run_dir: Path) -> tuple[str, str]:
     telemetry = cfg.runtime.telemetry_endpoint or f"ipc://{run_dir}/telemetry.sock"
     for ep, key in ((control, "control_endpoint"), (telemetry, "telemetry_endpoint")):
         if not ep.startswith("ipc://"):
-            raise ValueError(f"runtime.{key}: {ep!r}: only ipc:// endpoints are served "
-                             "(tcp needs CURVE keys, which this version cannot configure)")
+            raise ValueError(
+                f"runtime.{key}: {ep!r}: only ipc:// endpoints are served "
+                "(tcp needs CURVE keys, which this version cannot configure)"
+            )
     return control, telemetry
 
 
@@ -136,8 +139,12 @@ class OperatorServer:
             notes = args.get("notes", "")
             if not isinstance(notes, str):
                 raise RequestError("bad_args", "verdict args.notes must be a string")
-            verdict = {"episode": d.state.get("episode", 0), "success": success, "notes": notes,
-                       "time": time.time()}
+            verdict = {
+                "episode": d.state.get("episode", 0),
+                "success": success,
+                "notes": notes,
+                "time": time.time(),
+            }
             d.summary.verdicts.append(verdict)
             log.info("verdict %s", verdict)
             return verdict
@@ -149,14 +156,27 @@ class OperatorServer:
             while True:
                 await anyio.sleep(period)
                 s = self.d.summary
-                msg = {"state": self.d.state, "hz": s.measured_hz(), "lateness_us": s.lateness(),
-                       "counters": {k: s.stats.get(k, 0) for k in (
-                           "ticks", "missed_ticks", "acts", "chunks", "holds", "stale_chunks",
-                           "rows_dropped", "episode_resets", "interventions")}}
-                try:
+                msg = {
+                    "state": self.d.state,
+                    "hz": s.measured_hz(),
+                    "lateness_us": s.lateness(),
+                    "counters": {
+                        k: s.stats.get(k, 0)
+                        for k in (
+                            "ticks",
+                            "missed_ticks",
+                            "acts",
+                            "chunks",
+                            "holds",
+                            "stale_chunks",
+                            "rows_dropped",
+                            "episode_resets",
+                            "interventions",
+                        )
+                    },
+                }
+                with contextlib.suppress(zmq.Again):  # no subscriber keeping up: skip this one
                     await self.pub.send_multipart([b"status", wire.packb(msg)], zmq.NOBLOCK)
-                except zmq.Again:
-                    pass
         finally:
             self.pub.close(linger=0)
             Path(self.telemetry_ep.removeprefix("ipc://")).unlink(missing_ok=True)

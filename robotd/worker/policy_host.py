@@ -31,7 +31,10 @@ from __future__ import annotations
 
 import importlib
 import inspect
+import logging
+import traceback
 import typing
+from collections import OrderedDict
 from collections.abc import Mapping
 from typing import Any
 
@@ -39,17 +42,39 @@ import numpy as np
 
 from robotd.contract import Actions, Observations
 
+log = logging.getLogger("robotd.worker")
+
+ENDED_KEPT = 4096  # ended episode ids remembered, so a late act for one is refused
+
 
 class PolicyLoadError(ValueError):
     """The policy named on the command line cannot be loaded or built."""
 
 
-class BadActions(ValueError):
+class PolicyCallError(Exception):
+    """A call into the policy failed or was refused; `code` is the error reply's code
+    (policy_error, bad_actions, episode_ended) and the message says why."""
+
+    def __init__(self, code: str, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+class BadActions(PolicyCallError):
     """infer's answer is not an (H, D) array of finite numbers; the message names why."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__("bad_actions", message)
 
 
 class PolicyHost:
-    """One policy instance, its declared contract, and checked calls into it."""
+    """One policy instance, its declared contract, its episode, and checked calls into it.
+
+    Episodes: `begin(episode)` before each act calls reset() on a new episode id (ending
+    the current one first if it was not ended); `end_episode` calls on_episode_end() for
+    the current one. Ended ids (the last 4096) are refused by `begin` (episode_ended).
+    Exceptions from the policy become PolicyCallError("policy_error") naming the call.
+    """
 
     def __init__(self, spec: str, kwargs: Mapping[str, Any] | None = None) -> None:
         self.spec = spec
@@ -67,18 +92,47 @@ class PolicyHost:
             raise PolicyLoadError(f"policy {spec!r}: has no infer(inputs) method")
         self._infer = infer
         self._pass_episode = _accepts_keyword(infer, "episode")
+        self.current: str | None = None
+        self._ended: OrderedDict[str, None] = OrderedDict()
 
-    def reset(self) -> None:
-        """Call policy.reset() if the policy defines it."""
-        hook = getattr(self.policy, "reset", None)
-        if callable(hook):
-            hook()
+    def begin(self, episode: str) -> None:
+        """Make `episode` current before an act: reset() on a new id, refuse an ended one."""
+        if episode in self._ended:
+            raise PolicyCallError("episode_ended", f"field 'episode': episode {episode!r} "
+                                  "has ended; start a new episode id")
+        if episode == self.current:
+            return
+        if self.current is not None:  # an episode left without end_episode ends now
+            previous = self.current
+            try:
+                self._end_current()
+            except PolicyCallError as err:
+                log.warning("episode %s: %s", previous, err)
+        self._hook("reset")  # raises on failure: the next act for this id tries again
+        self.current = episode
 
-    def on_episode_end(self) -> None:
-        """Call policy.on_episode_end() if the policy defines it."""
-        hook = getattr(self.policy, "on_episode_end", None)
+    def end_episode(self, episode: str) -> None:
+        """End `episode`: on_episode_end() if current; an unknown id is remembered as ended."""
+        if episode == self.current:
+            self._end_current()
+        else:
+            self._remember(episode)
+
+    def _end_current(self) -> None:
+        episode, self.current = self.current, None
+        assert episode is not None
+        self._remember(episode)
+        self._hook("on_episode_end")
+
+    def _remember(self, episode: str) -> None:
+        self._ended[episode] = None
+        while len(self._ended) > ENDED_KEPT:
+            self._ended.popitem(last=False)
+
+    def _hook(self, name: str) -> None:
+        hook = getattr(self.policy, name, None)
         if callable(hook):
-            hook()
+            _call(f"{name}()", hook)
 
     def inputs(self, steps: list[int], observations: list[dict[str, Any]]) -> Any:
         """What infer is handed for an act (see the module docstring)."""
@@ -89,10 +143,20 @@ class PolicyHost:
     def infer(self, inputs: Any, episode: str) -> np.ndarray:
         """Run infer and return its rows as a float64 (H, D) array; BadActions if malformed."""
         if self._pass_episode:
-            answer = self._infer(inputs, episode=episode)
+            answer = _call("infer()", self._infer, inputs, episode=episode)
         else:
-            answer = self._infer(inputs)
+            answer = _call("infer()", self._infer, inputs)
         return check_actions(answer, self.actions)
+
+
+def _call(what: str, fn: Any, *args: Any, **kwargs: Any) -> Any:
+    """Run a policy call; its exceptions become policy_error naming the call."""
+    try:
+        return fn(*args, **kwargs)
+    except Exception as err:
+        log.error("policy %s raised:\n%s", what, traceback.format_exc())
+        raise PolicyCallError("policy_error",
+                              f"{what} raised {type(err).__name__}: {err}") from err
 
 
 def load_class(spec: str) -> type:

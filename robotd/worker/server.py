@@ -6,9 +6,9 @@ Threads and sockets:
   Requests are parsed and checked here, so a malformed one is answered at once even while
   the policy computes. (The observe connection of SPEC §4 will be one more socket in this
   poll loop.)
-- One policy thread runs every call into the policy (reset, infer, on_episode_end) in
-  arrival order, one at a time; it also owns the episode bookkeeping so that an
-  end_episode is ordered after the acts sent before it.
+- One policy thread makes every call into the PolicyHost (episode bookkeeping, reset,
+  infer, on_episode_end) in arrival order, one at a time, so an end_episode is ordered
+  after the acts sent before it.
 """
 
 from __future__ import annotations
@@ -19,8 +19,6 @@ import queue
 import signal
 import threading
 import time
-import traceback
-from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -29,7 +27,7 @@ from typing import Any
 import zmq
 
 from robotd import wire
-from robotd.worker.policy_host import BadActions, PolicyHost
+from robotd.worker.policy_host import PolicyCallError, PolicyHost
 
 log = logging.getLogger("robotd.worker")
 
@@ -37,7 +35,6 @@ PROTOCOL = 1
 MAX_QUEUED = 64  # requests waiting for the policy thread; beyond that: error "busy"
 MAX_STEPS = 65536
 MAX_EPISODE_ID = 256
-_ENDED_KEPT = 4096  # ended episode ids remembered, so a late act for one is refused
 _POLL_MS = 100  # how often the loop looks at `stop`
 
 
@@ -124,8 +121,8 @@ class _Server:
             router.bind(bind)
             endpoint = router.getsockopt_string(zmq.LAST_ENDPOINT)
             thread.start()
+            # stdout, not the log: the one line a supervisor or a user waits for.
             print(f"robotd worker: policy {self.host.spec} listening on {endpoint}", flush=True)
-            log.info("policy %s listening on %s", self.host.spec, endpoint)
             if ready is not None:
                 ready(endpoint)
             self._loop(router, done, stop, thread)
@@ -134,10 +131,9 @@ class _Server:
                 _drop_queued(self.jobs)  # shutting down: unanswered requests time out
                 self.jobs.put(None)
                 thread.join(timeout=5.0)
-            if endpoint is not None:  # unbinding (not closing) removes an ipc socket file
-                with contextlib.suppress(zmq.ZMQError):
-                    router.unbind(endpoint)
             router.close(linger=0)
+            if endpoint is not None:
+                _remove_ipc(endpoint)
             done.close(linger=0)
             if thread.is_alive():  # a hung infer keeps its socket: don't wait on term()
                 log.warning("policy thread still busy at shutdown; leaving it behind")
@@ -206,11 +202,26 @@ class _Server:
 
 
 def _prepare_ipc(bind: str) -> None:
-    """ipc endpoints: create the socket file's directory (not for abstract '@' names)."""
-    if bind.startswith("ipc://"):
-        path = bind[len("ipc://"):]
-        if path and not path.startswith("@"):
-            Path(path).parent.mkdir(parents=True, exist_ok=True)
+    """ipc endpoints: create the socket file's directory."""
+    path = _ipc_path(bind)
+    if path is not None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+
+
+def _remove_ipc(endpoint: str) -> None:
+    """libzmq leaves a bound ipc socket file behind; remove ours (only if still a socket)."""
+    path = _ipc_path(endpoint)
+    if path is not None and path.is_socket():
+        with contextlib.suppress(OSError):
+            path.unlink()
+
+
+def _ipc_path(endpoint: str) -> Path | None:
+    if endpoint.startswith("ipc://"):
+        path = endpoint[len("ipc://"):]
+        if path and not path.startswith("@"):  # '@': Linux abstract namespace, no file
+            return Path(path)
+    return None
 
 
 def _request_id(msg: Any) -> int:
@@ -301,8 +312,6 @@ class _PolicyLoop:
         self.ctx = ctx
         self.done_addr = done_addr
         self.jobs = jobs
-        self.current: str | None = None
-        self.ended: OrderedDict[str, None] = OrderedDict()
 
     def run(self) -> None:
         out = self.ctx.socket(zmq.PAIR)
@@ -310,9 +319,8 @@ class _PolicyLoop:
         try:
             while (job := self.jobs.get()) is not None:
                 try:
-                    result = self._act(job) if job.cmd == "act" else self._end(job.episode)
-                    reply = {"id": job.rid, "ok": True, "result": result}
-                except BadRequest as err:
+                    reply = {"id": job.rid, "ok": True, "result": self._run(job)}
+                except PolicyCallError as err:
                     reply = _error(job.rid, err.code, str(err))
                 except Exception as err:  # never let one request stop the worker
                     log.exception("internal error on %s", job.cmd)
@@ -324,22 +332,15 @@ class _PolicyLoop:
         finally:
             out.close(linger=0)
 
-    def _act(self, job: _Job) -> dict[str, Any]:
-        if job.episode in self.ended:
-            raise BadRequest("episode_ended", f"field 'episode': episode {job.episode!r} "
-                             "has ended; start a new episode id")
-        if job.episode != self.current:
-            if self.current is not None:  # an episode left without end_episode ends now
-                self._end_current(raise_errors=False)
-            self.current = job.episode
-            _call_policy("reset()", self.host.reset)
+    def _run(self, job: _Job) -> dict[str, Any]:
+        if job.cmd == "end":
+            self.host.end_episode(job.episode)
+            return {}
         assert job.steps is not None and job.observations is not None
+        self.host.begin(job.episode)
         inputs = self.host.inputs(job.steps, job.observations)
         start = time.perf_counter()
-        try:
-            rows = _call_policy("infer()", self.host.infer, inputs, job.episode)
-        except BadActions as err:
-            raise BadRequest("bad_actions", str(err)) from None
+        rows = self.host.infer(inputs, job.episode)
         done = time.perf_counter()
         return {
             "actions": rows,
@@ -347,40 +348,6 @@ class _PolicyLoop:
             "step": job.step,
             "episode": job.episode,
         }
-
-    def _end(self, episode: str) -> dict[str, Any]:
-        if episode == self.current:
-            self._end_current(raise_errors=True)
-        else:  # unknown or already ended: remember it so late acts are refused
-            self._remember(episode)
-        return {}
-
-    def _end_current(self, *, raise_errors: bool) -> None:
-        episode, self.current = self.current, None
-        assert episode is not None
-        self._remember(episode)
-        try:
-            _call_policy("on_episode_end()", self.host.on_episode_end)
-        except BadRequest as err:
-            if raise_errors:
-                raise
-            log.warning("episode %s: %s", episode, err)
-
-    def _remember(self, episode: str) -> None:
-        self.ended[episode] = None
-        while len(self.ended) > _ENDED_KEPT:
-            self.ended.popitem(last=False)
-
-
-def _call_policy(what: str, fn: Callable[..., Any], *args: Any) -> Any:
-    """Run a policy call; its exceptions become policy_error naming the call."""
-    try:
-        return fn(*args)
-    except BadActions:
-        raise
-    except Exception as err:
-        log.error("policy %s raised:\n%s", what, traceback.format_exc())
-        raise BadRequest("policy_error", f"{what} raised {type(err).__name__}: {err}") from err
 
 
 def _error(rid: int | None, code: str, message: str) -> dict[str, Any]:

@@ -1,0 +1,124 @@
+"""Run the real daemon as a subprocess and wait on what it logs (no sleeps as synchronisation)."""
+
+from __future__ import annotations
+
+import json
+import os
+import queue
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+class Daemon:
+    """`python -m robotd run ...` with its stderr read line by line on a thread."""
+
+    def __init__(self, tmp: Path, *args: str, env: dict[str, str] | None = None) -> None:
+        self.dir = tmp / "run"
+        self.summary = tmp / "summary.json"
+        argv = [
+            sys.executable,
+            "-m",
+            "robotd",
+            "run",
+            "--no-status",
+            "--summary",
+            str(self.summary),
+            "--set",
+            f'runtime.dir="{self.dir}"',
+            *args,
+        ]
+        full_env = {**os.environ, **(env or {})}
+        self.proc = subprocess.Popen(
+            argv,
+            cwd=REPO,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=full_env,
+        )
+        self.lines: queue.Queue[str] = queue.Queue()
+        self.log: list[str] = []
+        threading.Thread(target=self._read, daemon=True).start()
+
+    def _read(self) -> None:
+        assert self.proc.stderr is not None
+        for line in self.proc.stderr:
+            self.log.append(line)
+            self.lines.put(line)
+        self.lines.put("")  # EOF marker
+
+    def wait_line(self, pattern: str, timeout: float = 30.0) -> str:
+        rx = re.compile(pattern)
+        deadline = time.monotonic() + timeout
+        while True:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise AssertionError(
+                    f"no line matching {pattern!r} within {timeout} s:\n" + "".join(self.log[-40:])
+                )
+            try:
+                line = self.lines.get(timeout=left)
+            except queue.Empty:
+                continue
+            if line == "":
+                raise AssertionError(
+                    f"daemon exited before {pattern!r}:\n" + "".join(self.log[-40:])
+                )
+            if rx.search(line):
+                return line
+
+    def wait_exit(self, timeout: float = 60.0) -> int:
+        try:
+            return self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            raise AssertionError("daemon did not exit:\n" + "".join(self.log[-40:])) from None
+
+    def signal(self, sig: int = signal.SIGTERM) -> None:
+        self.proc.send_signal(sig)
+
+    def result(self) -> dict:
+        return json.loads(self.summary.read_text())
+
+    @property
+    def control_endpoint(self) -> str:
+        return f"ipc://{self.dir}/control.sock"
+
+
+def processes_mentioning(text: str) -> list[int]:
+    """Pids of live processes whose command line contains `text`."""
+    found = []
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit() or int(proc.name) == os.getpid():
+            continue
+        try:
+            cmdline = (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+            state = (proc / "stat").read_text().split()[2]
+        except OSError:
+            continue
+        if text in cmdline and state != "Z":
+            found.append(int(proc.name))
+    return found
+
+
+def wait_until(cond, timeout: float, what: str) -> None:
+    """Poll a condition that has no event to wait on (process exit seen through /proc)."""
+    deadline = time.monotonic() + timeout
+    while not cond():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.05)
+
+
+def shm_of(pid: int) -> list[Path]:
+    return list(Path("/dev/shm").glob(f"robotd-{pid}-*"))
+
+
+__all__ = ["Daemon", "processes_mentioning", "shm_of", "signal", "wait_until"]

@@ -1,0 +1,133 @@
+"""Config files: validated into typed models; every error names file, key path and rule."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from robotd.config import DEFAULT_CONFIG, load_config
+from robotd.errors import ConfigError
+
+SIM = DEFAULT_CONFIG.read_text()
+
+
+def write(tmp_path: Path, text: str) -> Path:
+    path = tmp_path / "x.toml"
+    path.write_text(text)
+    return path
+
+
+def test_sim_config_is_the_embedded_default():
+    cfg = load_config()
+    assert cfg.control.hz == 30
+    assert set(cfg.cameras) == {"top", "wrist"}
+    assert (cfg.cameras["top"].width, cfg.cameras["top"].height, cfg.cameras["top"].fps) == (
+        640,
+        480,
+        30,
+    )
+    assert (cfg.cameras["wrist"].width, cfg.cameras["wrist"].height) == (320, 240)
+    assert cfg.observation_keys == ["top", "wrist", "joints.pos", "joints.vel"]
+    assert cfg.robot.start == "episode"
+
+
+def test_bad_value_names_file_key_and_rule(tmp_path):
+    path = write(tmp_path, SIM.replace("hz = 30", "hz = -5"))
+    with pytest.raises(ConfigError) as err:
+        load_config(path)
+    assert str(err.value) == f"{path}: control.hz: must be > 0, got -5"
+
+
+def test_unknown_key_is_an_error(tmp_path):
+    path = write(tmp_path, SIM.replace("spin_us = 200", "spin_us = 200\nspn_us = 3"))
+    with pytest.raises(ConfigError, match=r"x\.toml: control\.spn_us: unknown key"):
+        load_config(path)
+
+
+def test_unknown_driver_option_is_an_error(tmp_path):
+    path = write(tmp_path, SIM.replace("tau_s = 0.05", "tau_s = 0.05\ntaus = 1"))
+    with pytest.raises(ConfigError, match=r"joints\.options\.taus: unknown key"):
+        load_config(path)
+
+
+def test_camera_option_error_names_the_camera(tmp_path):
+    path = write(tmp_path, SIM.replace('view = "wrist"', 'view = "side"'))
+    with pytest.raises(ConfigError, match=r"cameras\.wrist\.options\.view: must be one of"):
+        load_config(path)
+
+
+def test_missing_file(tmp_path):
+    with pytest.raises(ConfigError, match="no such config file"):
+        load_config(tmp_path / "nope.toml")
+
+
+def test_not_toml(tmp_path):
+    with pytest.raises(ConfigError, match="not valid TOML"):
+        load_config(write(tmp_path, "[control\nhz = 3"))
+
+
+def test_joint_lists_must_match(tmp_path):
+    path = write(tmp_path, SIM.replace("upper = [2.6, 2.6, 1.0]", "upper = [2.6, 1.0]"))
+    with pytest.raises(ConfigError, match=r"joints: upper: needs one value per joint \(3\), got 2"):
+        load_config(path)
+
+
+def test_gripper_must_be_a_joint(tmp_path):
+    path = write(tmp_path, SIM.replace('grippers = ["gripper"]', 'grippers = ["claw"]'))
+    with pytest.raises(ConfigError, match=r"grippers: \['claw'\] are not joint names"):
+        load_config(path)
+
+
+def test_literal_rule(tmp_path):
+    path = write(tmp_path, SIM.replace('timing = "sync"', 'timing = "fast"'))
+    with pytest.raises(
+        ConfigError, match=r"control\.timing: must be one of 'sync' or 'realtime', got 'fast'"
+    ):
+        load_config(path)
+
+
+def test_overrides_are_validated_like_the_file():
+    cfg = load_config(
+        None, ["control.hz=100", "control.timing=realtime", "policy.args.latency_ms=150"]
+    )
+    assert cfg.control.hz == 100
+    assert cfg.control.timing == "realtime"
+    assert cfg.policy.args == {"latency_ms": 150}
+    with pytest.raises(ConfigError, match=r"control\.hz: must be > 0, got 0"):
+        load_config(None, ["control.hz=0"])
+    with pytest.raises(ConfigError, match=r"control\.nope: unknown key"):
+        load_config(None, ["control.nope=1"])
+    with pytest.raises(ConfigError, match="expected KEY=VALUE"):
+        load_config(None, ["control.hz"])
+    with pytest.raises(ConfigError, match=r"control\.hz is a value, not a table"):
+        load_config(None, ["control.hz.x=1"])
+
+
+def test_real_robot_may_not_start_moving_by_itself(tmp_path):
+    text = SIM.replace('[cameras.top]\ndriver = "sim"', '[cameras.top]\ndriver = "opencv"')
+    path = write(tmp_path, text)
+    with pytest.raises(
+        ConfigError, match=r"x\.toml: robot\.start: 'episode' .* simulated robots only"
+    ):
+        load_config(path)
+    # Latched, it gets as far as the driver lookup, which names the camera and the known drivers.
+    path = write(tmp_path, text.replace('start = "episode"', 'start = "latched"'))
+    with pytest.raises(
+        ConfigError, match=r"cameras\.top\.driver: unknown driver 'opencv' \(known: sim"
+    ):
+        load_config(path)
+
+
+def test_start_latched_is_the_default(tmp_path):
+    text = SIM.replace('start = "episode"', "")
+    cfg = load_config(write(tmp_path, text))
+    assert cfg.robot.start == "latched"
+
+
+def test_cli_check_reports_config_errors(tmp_path, capsys):
+    from robotd.cli import main
+
+    path = write(tmp_path, SIM.replace("hz = 30", "hz = -5"))
+    assert main(["check", "--config", str(path)]) == 2
+    assert "control.hz: must be > 0, got -5" in capsys.readouterr().err

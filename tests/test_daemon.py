@@ -1,0 +1,88 @@
+"""The whole daemon as a user runs it: real processes, shared memory and sockets."""
+
+from __future__ import annotations
+
+import signal
+
+import pytest
+
+from tests.daemon_util import Daemon, processes_mentioning, shm_of, wait_until
+
+SUMMARY_KEYS = {
+    "ticks",
+    "hz",
+    "lateness_us",
+    "missed_ticks",
+    "episodes",
+    "acts",
+    "chunks",
+    "holds",
+    "stale_chunks",
+    "rows_dropped",
+    "episode_resets",
+    "interventions",
+    "tracking_error",
+}
+
+
+def assert_nothing_left(d: Daemon) -> None:
+    wait_until(lambda: not processes_mentioning(str(d.dir)), 10, "children to exit")
+    wait_until(lambda: not processes_mentioning(f"robotd-{d.proc.pid}-"), 10, "cameras to exit")
+    assert shm_of(d.proc.pid) == []
+    assert not list(d.dir.glob("*.sock"))
+
+
+def test_run_for_a_duration_writes_the_summary_and_leaves_nothing(tmp_path):
+    d = Daemon(tmp_path, "--duration", "4")
+    assert d.wait_exit() == 0, "".join(d.log[-30:])
+    s = d.result()
+    assert set(s) >= SUMMARY_KEYS
+    assert set(s["lateness_us"]) == {"p50", "p99", "p999", "max"}
+    assert set(s["tracking_error"]) == {"mean", "p95"}
+    assert s["ticks"] > 60 and s["acts"] > 0 and s["chunks"] > 0 and s["episodes"] == 1
+    assert 20 < s["hz"] < 40
+    assert_nothing_left(d)
+
+
+def test_sigint_stops_everything_cleanly(tmp_path):
+    d = Daemon(tmp_path)
+    d.wait_line(r"episode_start")
+    d.signal(signal.SIGINT)
+    assert d.wait_exit() == 0
+    assert d.result()["ticks"] > 0
+    assert_nothing_left(d)
+
+
+def test_sigkill_of_the_main_process_takes_the_children_with_it(tmp_path):
+    d = Daemon(tmp_path)
+    d.wait_line(r"episode_start")
+    assert len(processes_mentioning(str(d.dir))) >= 2  # control and worker carry the run dir
+    d.signal(signal.SIGKILL)
+    d.wait_exit()
+    def all_dead() -> bool:
+        return not processes_mentioning(str(d.dir)) and not processes_mentioning(
+            f"robotd-{d.proc.pid}-"
+        )
+
+    wait_until(all_dead, 10, "children to die with their parent")
+    leftovers = shm_of(d.proc.pid)
+    assert leftovers, "a killed daemon cannot unlink: the next start must"
+    from robotd.daemon import _clean_stale_shm
+
+    _clean_stale_shm()
+    assert shm_of(d.proc.pid) == []
+
+
+def test_bad_config_exits_2_naming_the_key(tmp_path):
+    d = Daemon(tmp_path, "--set", "control.hz=-5")
+    assert d.wait_exit() == 2
+    assert "control.hz: must be > 0, got -5" in "".join(d.log)
+
+
+@pytest.mark.parametrize("policy", ["no.such.module:Policy"])
+def test_a_policy_that_cannot_load_fails_start_up_clearly(tmp_path, policy):
+    d = Daemon(tmp_path, "--set", f'policy.serve="{policy}"', "--duration", "20")
+    code = d.wait_exit(90)
+    assert code != 0
+    assert "no.such.module" in "".join(d.log)
+    assert_nothing_left(d)

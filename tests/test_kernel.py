@@ -1,0 +1,181 @@
+"""The control kernel: episode states, asks, merges, holds, faults — driven tick by tick."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from drivers.base import JointState
+from robotd.config import load_config
+from robotd.control.episode import CommandRefused
+from robotd.control.kernel import Chunk, Kernel
+
+DT_NS = 33_333_333
+
+
+class Rig:
+    """A kernel with a recorder for what it emits and a clock in ticks."""
+
+    def __init__(self, *overrides: str) -> None:
+        self.cfg = load_config(None, list(overrides))
+        self.out: list[dict] = []
+        self.k = Kernel(self.cfg, run_id="t", emit=self.out.append)
+        self.t = 0
+        self.pos = np.array([0.1, 0.2, 0.0])
+
+    def tick(self, *, frames_age_ns: int = 0, joints: bool = True):
+        self.t += DT_NS
+        js = JointState(self.pos.copy(), np.zeros(3), np.zeros(3), self.t) if joints else None
+        frames = {n: (self.t // DT_NS, self.t - frames_age_ns) for n in self.cfg.cameras}
+        return self.k.update(self.t, js, frames)
+
+    def asks(self) -> list[dict]:
+        return [m for m in self.out if m["k"] == "ask"]
+
+    def events(self, name: str) -> list[dict]:
+        return [m for m in self.out if m["k"] == "event" and m["name"] == name]
+
+
+def started(*overrides: str) -> Rig:
+    rig = Rig(*overrides)
+    rig.k.set_contract(4)  # the policy link is up: the sim config's first episode starts
+    return rig
+
+
+def test_sim_episode_starts_only_once_the_policy_link_is_up():
+    rig = Rig()
+    rig.tick()
+    assert rig.k.machine.state == "IDLE" and not rig.asks()
+    rig.k.set_contract(4)
+    assert rig.k.machine.state == "RUNNING"
+
+
+def test_sync_asks_when_empty_holds_while_waiting_and_plays_at_most_horizon():
+    rig = started()
+    rig.tick()
+    (ask,) = rig.asks()
+    assert ask["s"] == 0
+    rig.tick()  # waiting: hold
+    assert rig.k.counters.holds == 2
+    rows = np.linspace(0.1, 0.4, 24).reshape(8, 3)
+    rig.k.deliver(Chunk(ask["id"], ask["wep"], ask["s"], rows))
+    played = [rig.tick() for _ in range(4)]
+    assert np.allclose(played[0], rows[0]) and np.allclose(played[3], rows[3])
+    assert len(rig.asks()) == 1
+    rig.tick()  # the queue ran dry after open_loop_horizon=4 rows: ask again, hold meanwhile
+    assert len(rig.asks()) == 2 and rig.asks()[1]["s"] == 6
+
+
+def test_stale_camera_means_no_ask():
+    rig = started()
+    rig.tick(frames_age_ns=10**9)
+    assert not rig.asks()
+    assert rig.k.counters.invalid_observations == 1
+    rig.tick()
+    assert len(rig.asks()) == 1
+
+
+def test_answer_to_an_old_ask_is_discarded():
+    rig = started()
+    rig.tick()
+    ask = rig.asks()[0]
+    rig.k.episode_lost("worker crashed")
+    rig.k.deliver(Chunk(ask["id"], ask["wep"], ask["s"], np.zeros((4, 3))))
+    rig.tick()
+    assert rig.k.counters.late_chunks == 1
+    assert rig.k.counters.episode_resets == 1
+    assert rig.k.step == 1  # the new worker-side episode counts from 0 at the reset
+
+
+def test_watchdog_ends_the_episode_at_exactly_max_hold_steps():
+    rig = started("control.max_hold_steps=5")
+    for _ in range(4):
+        rig.tick()
+    assert rig.k.machine.state == "RUNNING"
+    rig.tick()
+    assert rig.k.machine.state == "ENDED"
+    (end,) = rig.events("episode_end")
+    assert end["outcome"] == "starved"
+    assert rig.k.counters.starved_episodes == 1
+    target = rig.tick()
+    assert target is not None and rig.k.machine.state == "RESETTING"  # still holding
+
+
+def test_latched_start_needs_clear_fault_and_never_moves_straight_on():
+    cfg_over = ('robot.start="latched"',)
+    rig = Rig(*cfg_over)
+    rig.tick()
+    assert rig.k.machine.state == "FAULT"
+    with pytest.raises(CommandRefused, match="start needs IDLE"):
+        rig.k.command("start", {})
+    rig.k.command("clear_fault", {})
+    assert rig.k.machine.state == "IDLE"
+    rig.k.command("start", {})
+    assert rig.k.machine.state == "RUNNING"
+
+
+def test_estop_category_1_holds_then_turns_torque_off_and_clear_reanchors():
+    rig = started()
+    rig.tick()
+    rig.k.command("estop", {"reason": "test"})
+    assert rig.k.machine.state == "FAULT"
+    assert rig.tick() is not None  # controlled stop: still holding
+    for _ in range(20):
+        rig.tick()
+    assert not rig.k.torque_on and rig.tick() is None
+    rig.pos = np.array([0.5, -0.3, 0.2])  # the arm sagged while torque was off
+    rig.k.command("clear_fault", {})
+    target = rig.tick()
+    assert np.allclose(target, rig.pos)  # holds where it is, no jump back
+
+
+def test_estop_category_0_is_torque_off_at_once():
+    rig = started("safety.estop_category=0")
+    rig.tick()
+    rig.k.command("estop", {})
+    assert rig.tick() is None
+
+
+def test_driver_failures_latch_fault_and_recovery_allows_clear():
+    rig = started("safety.driver_fault_run=3")
+    rig.tick()
+    for _ in range(3):
+        rig.tick(joints=False)
+    assert rig.k.machine.state == "FAULT" and rig.k.machine.fault.cause == "driver"
+    with pytest.raises(CommandRefused, match="driver still present"):
+        rig.k.command("clear_fault", {})
+    rig.tick()  # a good read: the cause is gone
+    rig.k.command("clear_fault", {})
+    assert rig.k.machine.state == "IDLE"
+
+
+def test_rejected_rows_hold_and_a_run_latches_safety_fault():
+    rig = started("safety.reject_run=2")
+    rig.tick()
+    ask = rig.asks()[0]
+    bad = np.full((4, 3), 9.0)
+    rig.k.deliver(Chunk(ask["id"], ask["wep"], ask["s"], bad))
+    first = rig.tick()
+    assert np.allclose(first, rig.pos)  # held at the anchor
+    rig.tick()
+    assert rig.k.machine.state == "FAULT" and rig.k.machine.fault.cause == "safety"
+
+
+def test_max_steps_ends_the_episode_and_reset_done_returns_to_idle():
+    rig = started("control.max_steps=3")
+    for _ in range(3):
+        rig.tick()
+    assert rig.k.machine.state == "ENDED"
+    rig.tick()
+    rig.k.command("reset_done", {})
+    assert rig.k.machine.state == "IDLE"
+
+
+def test_bad_chunk_shape_is_counted_not_fatal():
+    rig = started()
+    rig.tick()
+    ask = rig.asks()[0]
+    rig.k.deliver(Chunk(ask["id"], ask["wep"], ask["s"], np.zeros((4, 2))))
+    rig.tick()
+    assert rig.k.counters.bad_chunks == 1
+    assert rig.events("bad_chunk")[0]["shape"] == [4, 2]
