@@ -70,7 +70,13 @@ def main(argv: list[str] | None = None) -> int:
         # A local worker goes when its daemon goes; a remote one's parent is a shell or systemd.
         die_with_parent()
         setup_logging()
-        serve(args.policy, args.bind, policy_kwargs=_policy_kwargs(args))
+        from robotd.worker.policy_host import PolicyLoadError
+
+        try:
+            serve(args.policy, args.bind, policy_kwargs=_policy_kwargs(args))
+        except PolicyLoadError as exc:
+            print(f"robotd serve: {exc}", file=sys.stderr)
+            return 2
         return 0
     try:
         cfg = load_config(args.config, args.overrides)

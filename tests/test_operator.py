@@ -1,0 +1,116 @@
+"""Operators drive a running daemon over the control socket; bad requests change nothing."""
+
+from __future__ import annotations
+
+import os
+import stat
+import subprocess
+import sys
+
+import pytest
+import zmq
+
+from robotd import wire
+from robotd.operator.robotctl import ControlClient
+from tests.daemon_util import REPO, Daemon
+
+
+@pytest.fixture(scope="module")
+def daemon(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("op")
+    d = Daemon(tmp, "--set", 'robot.start="latched"', "--set", "safety.estop_category=0")
+    d.wait_line(r"operator socket")
+    yield d
+    d.signal()
+    assert d.wait_exit() == 0
+
+
+@pytest.fixture
+def client(daemon):
+    c = ControlClient(daemon.control_endpoint, timeout_s=5)
+    yield c
+    c.close()
+
+
+def raw_request(endpoint: str, payload: bytes) -> dict:
+    sock = zmq.Context.instance().socket(zmq.DEALER)
+    sock.setsockopt(zmq.LINGER, 0)
+    sock.connect(endpoint)
+    try:
+        sock.send(payload)
+        assert sock.poll(5000), "no reply to a malformed request"
+        return wire.unpackb(sock.recv())
+    finally:
+        sock.close()
+
+
+def test_socket_is_group_only(daemon):
+    mode = os.stat(daemon.dir / "control.sock").st_mode
+    assert stat.S_IMODE(mode) == 0o660
+
+
+def test_starts_latched_then_operator_enables_motion(client):
+    status = client.request("status")["result"]
+    assert status["state"] == "FAULT" and status["fault"]["cause"] == "startup"
+    refused = client.request("start")
+    assert not refused["ok"] and refused["error"]["code"] == "bad_state"
+    assert client.request("clear_fault")["result"]["state"] == "IDLE"
+    assert client.request("start")["result"]["state"] == "RUNNING"
+    assert client.request("stop")["result"]["state"] == "ENDED"
+    assert client.request("reset_done")["result"]["state"] == "IDLE"
+
+
+def test_estop_always_latches_and_cuts_torque(client):
+    client.request("clear_fault")
+    client.request("start")
+    result = client.request("estop", {"reason": "test"})["result"]
+    assert result["state"] == "FAULT" and result["fault"]["cause"] == "estop"
+    assert result["torque"] is False  # category 0
+    again = client.request("start")
+    assert again["error"]["code"] == "bad_state"
+    assert client.request("clear_fault")["result"]["state"] == "IDLE"
+
+
+@pytest.mark.parametrize(
+    "payload, code, words",
+    [
+        (b"\xc1garbage", "bad_request", "not a msgpack message"),
+        (wire.packb([1, 2]), "bad_request", "must be a map"),
+        (wire.packb({"id": 7}), "bad_request", "'cmd' must be a string"),
+        (wire.packb({"id": 8, "cmd": "launch"}), "unknown_command", "unknown cmd 'launch'"),
+        (wire.packb({"id": 9, "cmd": "status", "args": [1]}), "bad_request", "'args' must be a map"),
+        (wire.packb({"id": 10, "cmd": "verdict", "args": {"success": "yes"}}), "bad_args",
+         "args.success"),
+    ],
+)
+def test_malformed_requests_get_an_error_and_change_nothing(daemon, client, payload, code, words):
+    before = client.request("status")["result"]["state"]
+    reply = raw_request(daemon.control_endpoint, payload)
+    assert reply["ok"] is False
+    assert reply["error"]["code"] == code and words in reply["error"]["message"]
+    assert client.request("status")["result"]["state"] == before
+
+
+def test_verdict_stats_params(client):
+    v = client.request("verdict", {"success": True, "notes": "clean grasp"})["result"]
+    assert v["success"] is True and v["notes"] == "clean grasp"
+    stats = client.request("stats")["result"]
+    assert stats["ticks"] > 0 and stats["verdicts"][-1]["notes"] == "clean grasp"
+    assert client.request("params")["result"]["control"]["hz"] == 30
+
+
+def test_robotctl_command_line(daemon):
+    env = {**os.environ, "ROBOTD_ENDPOINT": daemon.control_endpoint}
+    out = subprocess.run([sys.executable, "-m", "robotd.operator.robotctl", "status"], cwd=REPO,
+                         env=env, capture_output=True, text=True, timeout=30)
+    assert out.returncode == 0 and '"state"' in out.stdout
+    bad = subprocess.run([sys.executable, "-m", "robotd.operator.robotctl", "reset_done"],
+                         cwd=REPO, env=env, capture_output=True, text=True, timeout=30)
+    assert bad.returncode == 1 and "reset_done: bad_state" in bad.stderr
+
+
+def test_robotctl_without_a_daemon_says_so(tmp_path):
+    env = {**os.environ, "ROBOTD_ENDPOINT": f"ipc://{tmp_path}/none.sock"}
+    out = subprocess.run([sys.executable, "-m", "robotd.operator.robotctl", "status", "--timeout",
+                          "0.5"], cwd=REPO, env=env, capture_output=True, text=True, timeout=30)
+    assert out.returncode == 3 and "is robotd running" in out.stderr
