@@ -57,7 +57,7 @@ class ControlConfig(_Model):
     control_mode: Literal["absolute", "delta", "velocity"] = "absolute"
     # a worker-side episode reset flushes the queue and holds, unless this lets it finish
     finish_queue_on_reset: bool = False
-    stats_interval_s: float = Field(1.0, gt=0)
+    stats_interval_s: float = Field(0.25, gt=0)
 
 
 class JointsConfig(_Model):
