@@ -42,6 +42,11 @@ SHM_PREFIX = "robotd-"
 READY_TIMEOUT_S = 30.0
 
 
+def lane_endpoint(run_dir: Path) -> str:
+    """The control lane's inbound (PULL) endpoint in a run directory."""
+    return f"ipc://{run_dir}/lane.sock"
+
+
 class StartupError(RuntimeError):
     """The daemon could not bring its lanes up; the message says which and why."""
 
@@ -108,7 +113,9 @@ class Daemon:
         self.dir.mkdir(parents=True, exist_ok=True, mode=0o750)
         pid = os.getpid()
         self.up_ep = f"ipc://{self.dir}/up-{pid}.sock"
-        self.down_ep = f"ipc://{self.dir}/down-{pid}.sock"
+        # The lane's inbound socket has a fixed name: `robotctl estop` falls back to it when
+        # the main process does not answer, so an e-stop reaches the lane whatever else hangs.
+        self.down_ep = lane_endpoint(self.dir)
         self.summary = RunSummary(cfg.control.hz)
         self.ready = anyio.Event()
         self.stop = anyio.Event()

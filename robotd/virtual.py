@@ -367,7 +367,7 @@ class _Trace:
         counters = {
             **asdict(kernel.counters),
             "stale_chunks": q.stale_chunks,
-            "rows_dropped": q.rows_dropped,
+            "rows_dropped": q.rows_dropped + q.merge_dropped,  # as the control lane reports
             "merge_dropped": q.merge_dropped,
             "interventions": s.interventions,
             "clamped": s.clamped,

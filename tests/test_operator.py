@@ -78,9 +78,16 @@ def test_estop_always_latches_and_cuts_torque(client):
         (wire.packb([1, 2]), "bad_request", "must be a map"),
         (wire.packb({"id": 7}), "bad_request", "'cmd' must be a string"),
         (wire.packb({"id": 8, "cmd": "launch"}), "unknown_command", "unknown cmd 'launch'"),
-        (wire.packb({"id": 9, "cmd": "status", "args": [1]}), "bad_request", "'args' must be a map"),
-        (wire.packb({"id": 10, "cmd": "verdict", "args": {"success": "yes"}}), "bad_args",
-         "args.success"),
+        (
+            wire.packb({"id": 9, "cmd": "status", "args": [1]}),
+            "bad_request",
+            "'args' must be a map",
+        ),
+        (
+            wire.packb({"id": 10, "cmd": "verdict", "args": {"success": "yes"}}),
+            "bad_args",
+            "args.success",
+        ),
     ],
 )
 def test_malformed_requests_get_an_error_and_change_nothing(daemon, client, payload, code, words):
@@ -101,16 +108,64 @@ def test_verdict_stats_params(client):
 
 def test_robotctl_command_line(daemon):
     env = {**os.environ, "ROBOTD_ENDPOINT": daemon.control_endpoint}
-    out = subprocess.run([sys.executable, "-m", "robotd.operator.robotctl", "status"], cwd=REPO,
-                         env=env, capture_output=True, text=True, timeout=30)
+    out = subprocess.run(
+        [sys.executable, "-m", "robotd.operator.robotctl", "status"],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
     assert out.returncode == 0 and '"state"' in out.stdout
-    bad = subprocess.run([sys.executable, "-m", "robotd.operator.robotctl", "reset_done"],
-                         cwd=REPO, env=env, capture_output=True, text=True, timeout=30)
+    bad = subprocess.run(
+        [sys.executable, "-m", "robotd.operator.robotctl", "reset_done"],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
     assert bad.returncode == 1 and "reset_done: bad_state" in bad.stderr
 
 
 def test_robotctl_without_a_daemon_says_so(tmp_path):
     env = {**os.environ, "ROBOTD_ENDPOINT": f"ipc://{tmp_path}/none.sock"}
-    out = subprocess.run([sys.executable, "-m", "robotd.operator.robotctl", "status", "--timeout",
-                          "0.5"], cwd=REPO, env=env, capture_output=True, text=True, timeout=30)
+    out = subprocess.run(
+        [sys.executable, "-m", "robotd.operator.robotctl", "status", "--timeout", "0.5"],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
     assert out.returncode == 3 and "is robotd running" in out.stderr
+
+
+def test_estop_reaches_the_lane_even_when_the_main_process_hangs(daemon, client):
+    import signal
+
+    from tests.daemon_util import wait_until
+
+    client.request("clear_fault")
+    assert client.request("start")["result"]["state"] == "RUNNING"
+    env = {**os.environ, "ROBOTD_ENDPOINT": daemon.control_endpoint}
+    os.kill(daemon.proc.pid, signal.SIGSTOP)
+    try:
+        out = subprocess.run(
+            [sys.executable, "-m", "robotd.operator.robotctl", "estop", "--timeout", "0.5"],
+            cwd=REPO,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=30,
+        )
+    finally:
+        os.kill(daemon.proc.pid, signal.SIGCONT)
+    assert out.returncode == 0 and "straight to the control lane" in out.stderr
+
+    def latched() -> bool:
+        st = client.request("status")["result"]
+        return st["state"] == "FAULT" and st["fault"]["cause"] == "estop"
+
+    wait_until(latched, 10, "the lane's e-stop to show in status")
+    client.request("clear_fault")

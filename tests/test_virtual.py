@@ -68,8 +68,7 @@ def realtime_demo(merge: str = "replace") -> Config:
 def test_two_realtime_runs_with_the_same_seed_play_identical_rows(merge: str) -> None:
     cfg = realtime_demo(merge)
     runs = [run_virtual(cfg, DotFollower(), steps=120, latency_s=0.15, seed=7) for _ in range(2)]
-    assert runs[0].counters["chunks"] > 5 and runs[0].counters["rows_dropped"] + \
-        runs[0].counters["merge_dropped"] > 0
+    assert runs[0].counters["chunks"] > 5 and runs[0].counters["rows_dropped"] > 0
     assert np.array_equal(runs[0].played, runs[1].played)
     assert np.array_equal(runs[0].held, runs[1].held)
     assert runs[0].tracking_mean == runs[1].tracking_mean

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import sys
 import threading
 import time
@@ -68,6 +69,8 @@ class ControlLane:
         self.down = ctx.socket(zmq.PULL)
         self.down.setsockopt(zmq.LINGER, 0)
         self.down.bind(spec["down"])
+        if spec["down"].startswith("ipc://"):
+            os.chmod(spec["down"].removeprefix("ipc://"), 0o660)
         self.dropped = 0
         self.kernel = Kernel(self.cfg, run_id=spec["run_id"], emit=self._send)
         self.driver = open_joint_driver(self.cfg, spec.get("world"))
@@ -158,7 +161,9 @@ class ControlLane:
                 "elapsed_s": (time.monotonic_ns() - self.ticker.origin_ns) / 1e9,
                 "overruns": self.ticker.overruns,
                 "stale_chunks": q.stale_chunks,
-                "rows_dropped": q.rows_dropped,
+                # every row given up because its step had passed: at merge (the latency
+                # drop, stale chunks whole) and at pop
+                "rows_dropped": q.rows_dropped + q.merge_dropped,
                 "ask_latency": self.kernel.ask_latency.summary(),
                 "interventions": s.interventions,
                 "clipped": s.clipped,
@@ -221,7 +226,7 @@ class ControlLane:
             self._drain()
             self._tick_io()
             if first:
-                self._send({"k": "ready", "pid": _pid(), "warnings": self.warnings})
+                self._send({"k": "ready", "pid": os.getpid(), "warnings": self.warnings})
                 first = False
             if tick.index % stats_every == 0:
                 self._stats(tick.index)
@@ -246,12 +251,6 @@ class ControlLane:
                 ring.close()
             self.up.close()
             self.down.close()
-
-
-def _pid() -> int:
-    import os
-
-    return os.getpid()
 
 
 def main(argv: list[str] | None = None) -> int:

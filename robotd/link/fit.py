@@ -153,11 +153,11 @@ def encode(frame: np.ndarray, cam: Camera | None, *, name: str = "") -> Encoded:
     Raises FrameError for a bad frame or an encoder failure."""
     frame = _check_frame(frame, name)
     shape = (int(frame.shape[0]), int(frame.shape[1]), 3)
-    codec = "raw" if cam is None or cam.codec is None else cam.codec
-    if codec == "raw":
+    if cam is None or cam.codec is None or cam.codec == "raw":
         return Encoded("raw", frame, shape)
+    codec = cam.codec
     if codec == "jpeg":
-        ext, params = ".jpg", [cv2.IMWRITE_JPEG_QUALITY, int(cam.quality if cam else 90)]
+        ext, params = ".jpg", [cv2.IMWRITE_JPEG_QUALITY, int(cam.quality)]
     elif codec == "png":
         ext, params = ".png", [cv2.IMWRITE_PNG_COMPRESSION, PNG_COMPRESSION]
     else:

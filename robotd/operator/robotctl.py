@@ -65,6 +65,32 @@ class ControlClient:
         self.sock.close(linger=0)
 
 
+def estop_direct(control_endpoint: str, reason: str = "") -> bool:
+    """Push an e-stop straight into the control lane's inbound socket (beside control.sock)."""
+    if not control_endpoint.startswith("ipc://"):
+        return False
+    lane = Path(control_endpoint.removeprefix("ipc://")).parent / "lane.sock"
+    if not lane.exists():
+        return False
+    sock = zmq.Context.instance().socket(zmq.PUSH)
+    sock.setsockopt(zmq.LINGER, 1000)
+    sock.setsockopt(zmq.SNDTIMEO, 1000)
+    try:
+        sock.connect(f"ipc://{lane}")
+        msg = {
+            "k": "cmd",
+            "id": None,
+            "cmd": "estop",
+            "args": {"reason": reason or "robotctl direct"},
+        }
+        sock.send(wire.packb(msg))
+        return True
+    except zmq.ZMQError:
+        return False
+    finally:
+        sock.close()
+
+
 def _endpoints(args: argparse.Namespace) -> tuple[str, str]:
     if args.endpoint:
         return args.endpoint, args.telemetry or args.endpoint.replace(
@@ -139,6 +165,13 @@ def main(argv: list[str] | None = None) -> int:
     try:
         reply = client.request(args.command, cmd_args)
     except TimeoutError as exc:
+        if args.command == "estop" and estop_direct(control, args.reason):
+            print(
+                "robotctl: the main process did not answer; e-stop sent straight to the "
+                "control lane",
+                file=sys.stderr,
+            )
+            return 0
         print(f"robotctl: {exc} (is robotd running at {control}?)", file=sys.stderr)
         return 3
     finally:

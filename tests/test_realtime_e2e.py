@@ -1,0 +1,169 @@
+"""Realtime timing end to end: the real daemon (`python -m robotd run`) and a real worker process.
+
+(a) the demo policy answering in 150 ms through a worker started on its own (`robotd serve`):
+    the robot keeps acting, the latency drop happens, nothing faults, no stale row is played;
+(b) a test policy whose rows encode the step they are meant for, served by the daemon's local
+    worker: it puts the encoded step on the gripper, and reads it back from the joint state
+    of every step (an `every = 1` stream). The sim arm is made exact (tau 1 ms, no read
+    noise), so the gripper read at step k is the target played at step k - 1: the policy
+    itself checks that every played row was meant for the step that played it, and writes
+    what it found to a report file. The naive baseline (control.aligned = false) must show
+    stale rows in that report and in the daemon's stale_rows_played, or the check proves
+    nothing.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import textwrap
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+DURATION_S = 3.0
+
+STEP_POLICY = textwrap.dedent('''
+    """Rows encode the step they are meant for on the gripper; checks what was played."""
+    import json
+    import os
+    import time
+
+    import numpy as np
+
+    from robotd.contract import Actions, Observations, Stream
+
+    SCALE = 0.004  # gripper value of a row meant for step m: SCALE * (m + 1); 0 is "no row"
+
+
+    class StepEncoder:
+        observations = Observations(streams={"joints.pos": Stream(every=1)})
+        actions = Actions(open_loop_horizon=30)
+
+        def __init__(self, report: str, latency_ms: float = 0.0, horizon: int = 30):
+            self.report, self.latency_s, self.horizon = report, latency_ms / 1e3, horizon
+            self.found = {"checked": 0, "holds": 0, "stale": 0, "ahead": 0, "episodes": 0,
+                          "last_step": -1}
+            self.last = None
+
+        def reset(self):
+            self.found["episodes"] += 1
+            self.last = None
+
+        def infer(self, inputs, *, episode=None):
+            time.sleep(self.latency_s)  # the policy's compute time
+            steps, observations = inputs["steps"], inputs["observations"]
+            for step, obs in zip(steps, observations):
+                if step >= 1 and "joints.pos" in obs:
+                    self._check(step - 1, float(obs["joints.pos"][2]))
+            self._write()
+            t, q = steps[-1], np.asarray(observations[-1]["joints.pos"], dtype=float)
+            rows = np.tile(q, (self.horizon, 1))  # the arm joints stay where they are
+            rows[:, 2] = SCALE * (t + np.arange(self.horizon) + 1)
+            return rows
+
+        def _check(self, played_at, value):
+            meant = round(value / SCALE) - 1
+            f = self.found
+            f["last_step"] = played_at
+            if value == self.last or meant < 0:  # a hold repeats the last target exactly
+                f["holds"] += 1
+            elif meant < played_at:
+                f["stale"] += 1
+            elif meant > played_at:
+                f["ahead"] += 1
+            else:
+                f["checked"] += 1
+            self.last = value
+
+        def _write(self):
+            tmp = self.report + ".tmp"
+            with open(tmp, "w") as out:
+                json.dump(self.found, out)
+            os.replace(tmp, self.report)
+''')
+
+
+@pytest.fixture(scope="module")
+def workdir() -> Iterator[Path]:
+    # ipc paths are limited to ~107 bytes; pytest's tmp_path can be longer.
+    path = Path(tempfile.mkdtemp(prefix="robotd-rt-"))
+    (path / "stepmod.py").write_text(STEP_POLICY)
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
+
+
+def run_daemon(run_dir: Path, *overrides: str, worker: str | None = None,
+               pythonpath: Path | None = None) -> dict[str, Any]:
+    """`robotd run` for DURATION_S on config/sim.toml in realtime timing; its summary."""
+    summary = run_dir / "summary.json"
+    argv = [sys.executable, "-m", "robotd", "run", "--config", str(ROOT / "config" / "sim.toml"),
+            "--set", 'control.timing="realtime"', "--set", f'runtime.dir="{run_dir}"',
+            "--duration", str(DURATION_S), "--summary", str(summary), "--no-status",
+            *(a for o in overrides for a in ("--set", o))]
+    if worker is not None:
+        argv += ["--worker", worker]
+    paths = [str(p) for p in (pythonpath, ROOT) if p is not None]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(paths)}
+    proc = subprocess.run(argv, cwd=ROOT, env=env, capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return json.loads(summary.read_text())
+
+
+def test_demo_policy_at_150_ms_through_a_real_worker_keeps_acting(workdir: Path) -> None:
+    endpoint = f"ipc://{workdir}/demo-worker.sock"
+    out = workdir / "worker.out"
+    with out.open("w") as sink:
+        worker = subprocess.Popen(
+            [sys.executable, "-m", "robotd", "serve", "robotd.demo:DotFollower", "--bind",
+             endpoint, "--arg", "latency_ms=150"],
+            cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)}, stdout=sink,
+            stderr=subprocess.STDOUT)
+    try:
+        summary = run_daemon(workdir / "a", worker=endpoint)
+    finally:
+        worker.send_signal(signal.SIGTERM)
+        worker.wait(timeout=10)
+    assert "listening on" in out.read_text()
+    assert summary["acts"] > 0 and summary["chunks"] > 0, summary
+    assert summary["rows_dropped"] > 0, summary  # chunks arrived late and lost their past rows
+    assert summary["stale_rows_played"] == 0, summary
+    assert summary["state"] == "RUNNING" and summary["act_failures"] == 0, summary
+    latency = summary["ask_latency"]
+    assert latency["count"] == summary["chunks"] and latency["steps"]["p50"] >= 4, latency
+    assert latency["ms"]["p50"] >= 150.0, latency
+
+
+def run_step_encoder(workdir: Path, name: str, *overrides: str) -> tuple[dict, dict]:
+    report = workdir / f"{name}-report.json"
+    summary = run_daemon(
+        workdir / name,
+        'policy.serve="stepmod:StepEncoder"', f'policy.args.report="{report}"',
+        "policy.args.latency_ms=100", "policy.args.horizon=16", "control.refill_steps=8",
+        "cameras={}",
+        "joints.options.tau_s=0.001", "joints.options.noise=0.0", *overrides,
+        pythonpath=workdir)
+    return summary, json.loads(report.read_text())
+
+
+def test_aligned_realtime_plays_no_row_meant_for_a_past_step(workdir: Path) -> None:
+    summary, found = run_step_encoder(workdir, "aligned")
+    assert summary["chunks"] >= 5 and summary["rows_dropped"] > 0, summary
+    assert found["episodes"] == 1 and found["checked"] >= 40, found
+    assert found["stale"] == 0 and found["ahead"] == 0, found
+    assert summary["stale_rows_played"] == 0, summary
+
+
+def test_naive_realtime_is_caught_playing_late_rows(workdir: Path) -> None:
+    summary, found = run_step_encoder(workdir, "naive", "control.aligned=false")
+    assert summary["chunks"] >= 5, summary
+    assert found["stale"] >= 20 and found["ahead"] == 0, found
+    assert summary["stale_rows_played"] >= 20, summary
