@@ -6,30 +6,35 @@ from __future__ import annotations
 import importlib
 from importlib.metadata import entry_points
 
+from drivers.base import Camera, JointDriver
+
 _BUILTIN_JOINTS = {"sim": "drivers.sim.arm:SimArm"}
 _BUILTIN_CAMERAS = {"sim": "drivers.sim.camera:SimCamera"}
 
 
-def _load(spec: str) -> type:
-    module, _, attr = spec.partition(":")
-    return getattr(importlib.import_module(module), attr)
+def _lookup(name: str, builtin: dict[str, str], group: str, base: type) -> type:
+    target = builtin.get(name)
+    if target is None:
+        found = [ep.value for ep in entry_points(group=group) if ep.name == name]
+        target = found[0] if found else None
+    if target is None:
+        known = sorted(set(builtin) | {ep.name for ep in entry_points(group=group)})
+        raise LookupError(f"unknown driver {name!r} (known: {', '.join(known)})")
+    module, _, attr = target.partition(":")
+    try:
+        cls = getattr(importlib.import_module(module), attr)
+    except (ImportError, AttributeError) as exc:
+        raise LookupError(f"driver {name!r} ({target}) cannot be loaded: {exc}") from exc
+    if not (isinstance(cls, type) and issubclass(cls, base)):
+        raise LookupError(f"driver {name!r} ({target}) is not a {base.__name__}")
+    return cls
 
 
-def _lookup(name: str, builtin: dict[str, str], group: str) -> type:
-    if name in builtin:
-        return _load(builtin[name])
-    for ep in entry_points(group=group):
-        if ep.name == name:
-            return ep.load()
-    known = sorted(set(builtin) | {ep.name for ep in entry_points(group=group)})
-    raise LookupError(f"unknown driver {name!r} (known: {', '.join(known)})")
-
-
-def joint_driver_class(name: str) -> type:
+def joint_driver_class(name: str) -> type[JointDriver]:
     """The JointDriver class registered as `name`; LookupError names the known ones."""
-    return _lookup(name, _BUILTIN_JOINTS, "robotd.joints")
+    return _lookup(name, _BUILTIN_JOINTS, "robotd.joints", JointDriver)
 
 
-def camera_class(name: str) -> type:
+def camera_class(name: str) -> type[Camera]:
     """The Camera class registered as `name`; LookupError names the known ones."""
-    return _lookup(name, _BUILTIN_CAMERAS, "robotd.cameras")
+    return _lookup(name, _BUILTIN_CAMERAS, "robotd.cameras", Camera)

@@ -16,8 +16,6 @@ frames). Every failure is one line on stderr naming the camera.
 from __future__ import annotations
 
 import contextlib
-import importlib
-import importlib.metadata
 import inspect
 import sys
 import threading
@@ -26,11 +24,10 @@ from typing import Any
 import pydantic
 
 from drivers.base import Camera, DriverFault
+from drivers.registry import camera_class
 from robotd.procutil import die_with_parent, install_stop_signals, one_line, sleep_until
 from robotd.shm import FrameRing, ShmError
 
-REGISTRY: dict[str, str] = {"sim": "drivers.sim.camera:SimCamera"}
-ENTRY_POINT_GROUP = "robotd.cameras"
 EXIT_OK, EXIT_USAGE, EXIT_DRIVER = 0, 2, 3
 MAX_ERRORS_IN_A_ROW = 10  # frame errors the loop tolerates before giving up (exit 3)
 _PROG = "robotd.camera_proc"
@@ -65,22 +62,11 @@ def parse_spec(argv: list[str]) -> CameraSpec:
 
 
 def load_camera_class(driver: str) -> type[Camera]:
-    """The Camera class for `driver`: the built-in registry, then entry points."""
-    target = REGISTRY.get(driver)
-    if target is None:
-        found = importlib.metadata.entry_points(group=ENTRY_POINT_GROUP, name=driver)
-        target = next(iter(found)).value if found else None
-    if target is None:
-        known = sorted({*REGISTRY, *importlib.metadata.entry_points(group=ENTRY_POINT_GROUP).names})
-        raise UsageError(f"unknown camera driver {driver!r} (known: {', '.join(known)})")
-    module_name, _, attr = target.partition(":")
+    """The Camera class for `driver` (drivers.registry: built-ins, then entry points)."""
     try:
-        cls = getattr(importlib.import_module(module_name), attr)
-    except (ImportError, AttributeError) as exc:
-        raise UsageError(f"camera driver {driver!r} ({target}) cannot be loaded: {exc}") from exc
-    if not (isinstance(cls, type) and issubclass(cls, Camera)):
-        raise UsageError(f"camera driver {driver!r} ({target}) is not a Camera")
-    return cls
+        return camera_class(driver)
+    except LookupError as exc:
+        raise UsageError(str(exc).replace("driver", "camera driver", 1)) from None
 
 
 def build_camera(spec: CameraSpec, world: Any, stop: threading.Event) -> Camera:
