@@ -89,9 +89,9 @@ class _Cameras:
     """The sim cameras on the virtual clock: the newest capture index per camera, the arm's
     pose at each capture, and frames rendered on demand from those."""
 
-    def __init__(self, cfg: Config, world: SimWorld, keep: int) -> None:
+    def __init__(self, cfg: Config, world: SimWorld) -> None:
         self.world = world
-        self.keep = keep
+        self.keep_s = 4.0  # how far back captures stay readable; see retain()
         self.specs: dict[str, tuple[str, int, int, float]] = {}
         for name, cam in cfg.cameras.items():
             if cam.driver != "sim":
@@ -104,6 +104,10 @@ class _Cameras:
             self.specs[name] = (view, cam.width, cam.height, cam.fps)
         self.newest: dict[str, int] = {}
         self.poses: dict[str, dict[int, tuple[int, np.ndarray]]] = {n: {} for n in self.specs}
+
+    def retain(self, seconds: float) -> None:
+        """Keep every capture of the last `seconds` (what the step ring can still name)."""
+        self.keep_s = seconds
 
     def capture_time(self, name: str, k: int) -> int:
         return self.world.t0_ns + round(k * 1e9 / self.specs[name][3])
@@ -128,8 +132,11 @@ class _Cameras:
             if self.newest.get(name) != k:
                 clock.now_ns = t
                 arm.ground_truth()  # integrates the arm to t and publishes it to the world
-                self.poses[name][k] = (t, self.world.snapshot()[0])
-                self.poses[name].pop(k - self.keep, None)
+                poses = self.poses[name]
+                poses[k] = (t, self.world.snapshot()[0])
+                oldest = k - math.ceil(self.keep_s * self.specs[name][3]) - 1
+                while next(iter(poses)) < oldest:  # ascending: captures come in order
+                    del poses[next(iter(poses))]
                 self.newest[name] = k
             refs[name] = (k, t)
         clock.now_ns = now
@@ -173,6 +180,7 @@ class _Asker:
         self.planner = WindowPlanner(obs.resolve(self.hz) if obs is not None else None,
                                      cfg.observation_keys)
         self.steps = StepRing(keep=self.planner.lookback + 2 * math.ceil(self.hz) + 16)
+        cameras.retain(self.steps.keep / self.hz)
         self.kernel: Kernel | None = None
         self.tick = 0
         self.due: dict[int, list[Callable[[], None]]] = {}
@@ -301,7 +309,7 @@ def run_virtual(
     arm = SimArm(cfg.joints.names, options, clock=clock, world=world)
     arm.open()
     arm.torque(True)  # as the control process: hold where the joints are from the start
-    cameras = _Cameras(cfg, world, keep=64)
+    cameras = _Cameras(cfg, world)
     asker = _Asker(cfg, policy, cameras,
                    cfg.control.latency_s if latency_s is None else latency_s)
     events: list[dict[str, Any]] = []

@@ -217,5 +217,9 @@ def test_real_clock_smoke() -> None:
     t = Ticker(2_000_000, spin_ns=200_000)
     t.start()
     ticks = [t.wait() for _ in range(5)]
-    assert [k.index for k in ticks] == list(range(5))
+    # A loaded machine may skip deadlines (that is the overrun rule); what must hold is
+    # the arithmetic: rising indices, deadlines on the grid, never woken early.
+    indices = [k.index for k in ticks]
+    assert indices == sorted(set(indices)) and indices[0] == 0
+    assert all(k.deadline_ns == t.origin_ns + k.index * t.period_ns for k in ticks)
     assert all(k.lateness_ns >= 0 for k in ticks)

@@ -1,14 +1,16 @@
 """The reference policy worker: serves one policy over ZeroMQ (docs/protocol.md).
 
 Threads and sockets:
-- The calling thread owns every socket and runs one poll loop: the ROUTER that clients'
-  DEALERs talk to, and an inproc PAIR on which the policy thread hands back its replies.
-  Requests are parsed and checked here, so a malformed one is answered at once even while
-  the policy computes. (The observe connection of SPEC §4 will be one more socket in this
-  poll loop.)
+- The calling thread owns every socket and runs one poll loop: the act ROUTER that clients'
+  DEALERs talk to, the observe ROUTER that daemons upload observations to (SPEC §4), and an
+  inproc PAIR on which the policy thread hands back its replies. Requests are parsed and
+  checked here, so a malformed one is answered at once even while the policy computes.
+- Uploads go into the frame store (robotd.worker.store). An act that names steps not yet
+  uploaded is parked, never blocking the loop: each upload re-checks the parked acts of its
+  episode, and an act still incomplete after its wait (default 10 s) is answered
+  `missing_steps`, naming them, so that the daemon sends them inline.
 - One policy thread makes every call into the PolicyHost (episode bookkeeping, reset,
-  infer, on_episode_end) in arrival order, one at a time, so an end_episode is ordered
-  after the acts sent before it.
+  frame decoding, infer, on_episode_end) in dispatch order, one at a time.
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ import signal
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -28,22 +30,22 @@ import zmq
 
 from robotd import wire
 from robotd.worker.policy_host import PolicyCallError, PolicyHost
+from robotd.worker.requests import (
+    BadRequest,
+    act_fields,
+    episode_field,
+    is_int,
+    named_act_fields,
+    post_values,
+    request_id,
+)
+from robotd.worker.store import FrameStore, StoreLimits
 
 log = logging.getLogger("robotd.worker")
 
 PROTOCOL = 1
-MAX_QUEUED = 64  # requests waiting for the policy thread; beyond that: error "busy"
-MAX_STEPS = 65536
-MAX_EPISODE_ID = 256
+MAX_QUEUED = 64  # requests waiting for the policy thread (or parked); beyond that: "busy"
 _POLL_MS = 100  # how often the loop looks at `stop`
-
-
-class BadRequest(ValueError):
-    """A request the worker refuses; `code` goes into the error reply."""
-
-    def __init__(self, code: str, message: str) -> None:
-        super().__init__(message)
-        self.code = code
 
 
 @dataclass(slots=True)
@@ -60,6 +62,19 @@ class _Job:
     received: float = 0.0
 
 
+@dataclass(slots=True)
+class _Parked:
+    """An act naming steps the store does not hold yet."""
+
+    job: _Job
+    reads: list[list[str]]
+    inline: dict[int, dict[str, Any]]
+    release_below: int | None
+    deadline: float
+    wait_s: float = 0.0
+    waiting: list[tuple[int, str]] = field(default_factory=list)
+
+
 def serve(
     policy: str,
     bind: str,
@@ -67,32 +82,62 @@ def serve(
     policy_kwargs: dict[str, Any] | None = None,
     ready: Callable[[str], None] | None = None,
     stop: threading.Event | None = None,
+    observe: str | None = None,
+    limits: StoreLimits | None = None,
+    stream_wait_s: float = 10.0,
 ) -> None:
     """Load `policy` (MODULE:CLASS) and serve it on `bind` until `stop` is set.
 
-    `ready(endpoint)` is called once the socket listens, with the bound endpoint (for
-    tcp://host:0, the port actually chosen). Raises PolicyLoadError if the policy cannot be
-    loaded, zmq.ZMQError if the endpoint cannot be bound. Without `stop`, serves until
-    SIGTERM (handled when called from the main thread) or KeyboardInterrupt.
+    The observe socket binds `observe`, by default derived from `bind` (see
+    `observe_endpoint`). `ready(endpoint)` is called once both listen, with the act endpoint
+    bound (for tcp://host:0, the port actually chosen). `limits` bound the frame store;
+    `stream_wait_s` is how long an act waits for its steps unless it says otherwise. Raises
+    PolicyLoadError if the policy cannot be loaded, zmq.ZMQError if an endpoint cannot be
+    bound. Without `stop`, serves until SIGTERM (handled when called from the main thread)
+    or KeyboardInterrupt.
     """
     host = PolicyHost(policy, policy_kwargs)
+    server = _Server(host, FrameStore(limits), stream_wait_s)
+    observe = observe or observe_endpoint(bind)
     if stop is not None:
-        _Server(host).run(bind, ready, stop)
+        server.run(bind, observe, ready, stop)
         return
     stop = threading.Event()
     in_main = threading.current_thread() is threading.main_thread()
     previous = signal.signal(signal.SIGTERM, lambda *_: stop.set()) if in_main else None
     try:
-        _Server(host).run(bind, ready, stop)
+        server.run(bind, observe, ready, stop)
     finally:
         if in_main:
             signal.signal(signal.SIGTERM, previous)
 
 
+def observe_endpoint(bind: str) -> str:
+    """The observe endpoint that goes with act endpoint `bind`: ipc `x.sock` -> `x-o.sock`,
+    tcp port P -> P + 1 (port 0 stays 0: any free port), inproc `n` -> `n-observe`."""
+    if bind.startswith("ipc://"):
+        path = Path(bind[len("ipc://"):])
+        return "ipc://" + str(path.with_name(f"{path.stem}-o{path.suffix}"))
+    if bind.startswith("tcp://"):
+        host, sep, port = bind[len("tcp://"):].rpartition(":")
+        if sep and port.isdigit() and 0 < int(port) < 65535:
+            return f"tcp://{host}:{int(port) + 1}"
+        if sep and port in ("0", "*"):
+            return bind
+    if bind.startswith("inproc://"):
+        return bind + "-observe"
+    raise ValueError(f"cannot derive an observe endpoint from {bind!r}; give one explicitly")
+
+
 class _Server:
-    def __init__(self, host: PolicyHost) -> None:
+    def __init__(self, host: PolicyHost, store: FrameStore, stream_wait_s: float) -> None:
         self.host = host
+        self.store = store
+        self.stream_wait_s = stream_wait_s
         self.jobs: queue.Queue[_Job | None] = queue.Queue(maxsize=MAX_QUEUED)
+        self.parked: list[_Parked] = []
+        self.observe_ep: str | None = None
+        self.router: zmq.Socket | None = None  # the act socket, set by run()
         self.hello = {
             "protocol": PROTOCOL,
             "contract": {
@@ -100,14 +145,17 @@ class _Server:
                 "actions": host.actions.to_wire() if host.actions else None,
             },
             "endpoints": {"observe": None},
+            "limits": store.limits.to_wire(),
             "policy": host.spec,
         }
 
-    def run(self, bind: str, ready: Callable[[str], None] | None, stop: threading.Event) -> None:
+    def run(self, bind: str, observe: str, ready: Callable[[str], None] | None,
+            stop: threading.Event) -> None:
         ctx = zmq.Context()
-        router = ctx.socket(zmq.ROUTER)
-        router.setsockopt(zmq.LINGER, 0)
-        router.setsockopt(zmq.MAXMSGSIZE, wire.MAX_MESSAGE_BYTES)
+        router, obs = ctx.socket(zmq.ROUTER), ctx.socket(zmq.ROUTER)
+        for sock in (router, obs):
+            sock.setsockopt(zmq.LINGER, 0)
+            sock.setsockopt(zmq.MAXMSGSIZE, wire.MAX_MESSAGE_BYTES)
         done = ctx.socket(zmq.PAIR)
         done_addr = f"inproc://robotd-worker-done-{id(self)}"
         done.bind(done_addr)
@@ -115,53 +163,66 @@ class _Server:
             target=_PolicyLoop(self.host, ctx, done_addr, self.jobs).run,
             name="robotd-policy", daemon=True,
         )
-        endpoint = None
+        bound: list[str] = []
         try:
-            _prepare_ipc(bind)
-            router.bind(bind)
-            endpoint = router.getsockopt_string(zmq.LAST_ENDPOINT)
+            for sock, ep in ((router, bind), (obs, observe)):
+                _prepare_ipc(ep)
+                sock.bind(ep)
+                bound.append(sock.getsockopt_string(zmq.LAST_ENDPOINT))
+            self.observe_ep = bound[1]
             thread.start()
             # stdout, not the log: the one line a supervisor or a user waits for.
-            print(f"robotd worker: policy {self.host.spec} listening on {endpoint}", flush=True)
+            print(f"robotd worker: policy {self.host.spec} listening on {bound[0]} "
+                  f"(observe {bound[1]})", flush=True)
             if ready is not None:
-                ready(endpoint)
-            self._loop(router, done, stop, thread)
+                ready(bound[0])
+            self._loop(router, obs, done, stop, thread)
         finally:
             if thread.is_alive():
                 _drop_queued(self.jobs)  # shutting down: unanswered requests time out
                 self.jobs.put(None)
                 thread.join(timeout=5.0)
-            router.close(linger=0)
-            if endpoint is not None:
-                _remove_ipc(endpoint)
-            done.close(linger=0)
+            for sock in (router, obs, done):
+                sock.close(linger=0)
+            for ep in bound:
+                _remove_ipc(ep)
             if thread.is_alive():  # a hung infer keeps its socket: don't wait on term()
                 log.warning("policy thread still busy at shutdown; leaving it behind")
             else:
                 ctx.term()
 
-    def _loop(self, router: zmq.Socket, done: zmq.Socket, stop: threading.Event,
-              thread: threading.Thread) -> None:
+    def _loop(self, router: zmq.Socket, obs: zmq.Socket, done: zmq.Socket,
+              stop: threading.Event, thread: threading.Thread) -> None:
+        self.router = router
         poller = zmq.Poller()
-        poller.register(router, zmq.POLLIN)
-        poller.register(done, zmq.POLLIN)
+        for sock in (router, obs, done):
+            poller.register(sock, zmq.POLLIN)
         while not stop.is_set():
             if not thread.is_alive():
                 raise RuntimeError("the policy thread died; see the log above")
-            ready = dict(poller.poll(_POLL_MS))
+            ready = dict(poller.poll(self._poll_ms()))
             if done in ready:
                 while _drain_one(done, router):
                     pass
+            if obs in ready:
+                touched = {self._handle_observe(obs, frames) for frames in _recv_all(obs)}
+                for episode in touched - {None}:
+                    self._recheck(episode)
             if router in ready:
-                while True:
-                    try:
-                        frames = router.recv_multipart(zmq.NOBLOCK)
-                    except zmq.Again:
-                        break
+                for frames in _recv_all(router):
                     self._handle(router, frames)
+            self._expire()
+
+    def _poll_ms(self) -> int:
+        if not self.parked:
+            return _POLL_MS
+        left = min(p.deadline for p in self.parked) - time.monotonic()
+        return max(0, min(_POLL_MS, int(left * 1e3) + 1))
+
+    # ---- the act socket ---------------------------------------------------------------------
 
     def _handle(self, router: zmq.Socket, frames: list[bytes]) -> None:
-        """Answer or queue one request; every failure becomes an error reply."""
+        """Answer, queue or park one request; every failure becomes an error reply."""
         route, body = frames[:-1], frames[-1]
         if len(route) not in (1, 2) or (len(route) == 2 and route[1] != b""):
             _reply_error(router, frames[:1], None, "bad_request",
@@ -170,37 +231,154 @@ class _Server:
         rid = None
         try:
             msg = wire.unpackb(body)
-            rid = _request_id(msg)
-            job = self._parse(msg, route, rid)
-            if isinstance(job, _Job):
-                self.jobs.put_nowait(job)
+            rid = request_id(msg)
+            result = self._parse(msg, route, rid)
+            if isinstance(result, _Job):
+                self.jobs.put_nowait(result)
+            elif isinstance(result, _Parked):
+                self._try(result)
             else:  # answered without the policy (hello)
-                _send(router, route, {"id": rid, "ok": True, "result": job})
+                _send(router, route, {"id": rid, "ok": True, "result": result})
         except BadRequest as err:
-            _reply_error(router, route, rid, err.code, str(err))
+            _reply_error(router, route, rid, err.code, str(err), err.extra)
         except wire.WireError as err:
             _reply_error(router, route, None, "bad_request", f"request is not msgpack: {err}")
         except queue.Full:
             _reply_error(router, route, rid, "busy",
                          f"{MAX_QUEUED} requests already wait for the policy")
 
-    def _parse(self, msg: dict[str, Any], route: list[bytes], rid: int) -> _Job | dict[str, Any]:
-        """A job for the policy thread, or the result of a request answered at once."""
+    def _parse(self, msg: dict[str, Any], route: list[bytes], rid: int
+               ) -> _Job | _Parked | dict[str, Any]:
+        """A job for the policy thread, an act to look up, or the result of a request
+        answered at once."""
         cmd = msg.get("cmd")
         if not isinstance(cmd, str):
             raise BadRequest("bad_request", f"field 'cmd': missing or not a string ({cmd!r})")
         if cmd == "hello":
+            if msg.get("observe") is True:
+                return {**self.hello, "endpoints": {"observe": self.observe_ep}}
             return self.hello
         if cmd == "end_episode":
-            return _Job("end", route, rid, _episode_field(msg))
+            episode = episode_field(msg)
+            self._end(episode)
+            return _Job("end", route, rid, episode)
         if cmd == "act":
-            step, steps, observations = _act_fields(msg, self.host.observations is not None)
-            return _Job("act", route, rid, _episode_field(msg), step, steps, observations,
-                        time.perf_counter())
+            episode = episode_field(msg)
+            windowed = self.host.observations is not None
+            if "reads" not in msg:  # observations inline, as sent before uploads existed
+                step, steps, observations = act_fields(msg, windowed)
+                return _Job("act", route, rid, episode, step, steps, observations,
+                            time.perf_counter())
+            step, steps, reads, inline, below, wait_s = named_act_fields(
+                msg, windowed, self.stream_wait_s)
+            job = _Job("act", route, rid, episode, step, steps, None, time.perf_counter())
+            return _Parked(job, reads, inline, below, time.monotonic() + wait_s, wait_s)
         raise BadRequest("unknown_command",
                          f"field 'cmd': unknown command {cmd[:64]!r} (hello, act, end_episode)")
 
+    def _try(self, act: _Parked) -> bool:
+        """Dispatch `act` if the store holds its window, answer it if some step will never
+        come or its wait is over, else park it. True when it left the parked list."""
+        job = act.job
+        look = self.store.lookup(job.episode, job.steps or [], act.reads, act.inline)
+        if look.observations is not None:
+            job.observations = look.observations
+            self.jobs.put_nowait(job)
+            if act.release_below is not None:
+                self.store.release(job.episode, act.release_below)
+            return True
+        expired = time.monotonic() >= act.deadline
+        if look.lost or expired:
+            missing = [[s, k, reason] for s, k, reason in look.lost]
+            missing += [[s, k, f"not arrived within {act.wait_s:g} s"] for s, k in look.waiting]
+            text = ", ".join(f"step {s} {k!r} ({why})" for s, k, why in missing[:8])
+            more = f" (+{len(missing) - 8} more)" if len(missing) > 8 else ""
+            _reply_error(self.router, job.route, job.rid, "missing_steps",
+                         f"act at step {job.step} of episode {job.episode!r}: missing {text}"
+                         f"{more}; send them inline", {"missing": missing})
+            return True
+        if act not in self.parked:
+            if len(self.parked) >= MAX_QUEUED:
+                raise queue.Full
+            self.parked.append(act)
+        return False
 
+    def _recheck(self, episode: str) -> None:
+        for act in [p for p in self.parked if p.job.episode == episode]:
+            try:
+                left = self._try(act)
+            except queue.Full:
+                _reply_error(self.router, act.job.route, act.job.rid, "busy",
+                             f"{MAX_QUEUED} requests already wait for the policy")
+                left = True
+            if left:
+                self.parked.remove(act)
+
+    def _expire(self) -> None:
+        now = time.monotonic()
+        for episode in {p.job.episode for p in self.parked if p.deadline <= now}:
+            self._recheck(episode)
+
+    def _end(self, episode: str) -> None:
+        """end_episode: free the episode's frames; its parked acts can never complete."""
+        self.store.drop(episode)
+        for act in [p for p in self.parked if p.job.episode == episode]:
+            self.parked.remove(act)
+            _reply_error(self.router, act.job.route, act.job.rid, "episode_ended",
+                         f"episode {episode!r} ended while the act at step {act.job.step} "
+                         "waited for its steps")
+
+    # ---- the observe socket -----------------------------------------------------------------
+
+    def _handle_observe(self, sock: zmq.Socket, frames: list[bytes]) -> str | None:
+        """Keep one upload (post) or skip declaration and acknowledge it; returns the episode
+        it touched (its parked acts are looked at again)."""
+        route, body = frames[:-1], frames[-1]
+        rid = None
+        if len(route) != 1:
+            _reply_error(sock, frames[:1], None, "bad_request",
+                         f"upload must be one frame, got {len(frames) - 1}")
+            return None
+        try:
+            msg = wire.unpackb(body)
+            rid = request_id(msg)
+            result = self._observe(msg, route[0], len(body))
+        except BadRequest as err:
+            _reply_error(sock, route, rid, err.code, str(err))
+            return None
+        except wire.WireError as err:
+            _reply_error(sock, route, None, "bad_request", f"upload is not msgpack: {err}")
+            return None
+        _send(sock, route, {"id": rid, "ok": True, "result": result})
+        return result["episode"]
+
+    def _observe(self, msg: dict[str, Any], owner: bytes, size: int) -> dict[str, Any]:
+        cmd = msg.get("cmd")
+        episode = episode_field(msg)
+        step = msg.get("step")
+        if not is_int(step) or step < 0:
+            raise BadRequest("bad_request", f"field 'step': missing or not an integer >= 0 "
+                             f"({step!r})")
+        result: dict[str, Any] = {"episode": episode, "step": step, "refused": None}
+        if cmd == "post":
+            try:
+                values = post_values(msg.get("values"), msg.get("frames"))
+            except ValueError as err:
+                raise BadRequest("bad_request", str(err)) from None
+            through, refusal = self.store.post(owner, episode, step, values, size)
+            if refusal is not None:
+                log.warning("upload refused: %s", refusal.message)
+                result["refused"] = {"code": refusal.code, "message": refusal.message}
+        elif cmd == "skip":
+            keys, reason = msg.get("keys"), msg.get("reason", "")
+            if not isinstance(keys, list) or not all(isinstance(k, str) for k in keys):
+                raise BadRequest("bad_request", "field 'keys': not a list of strings")
+            through = self.store.skip(owner, episode, step, keys, str(reason)[:200])
+        else:
+            raise BadRequest("unknown_command",
+                             f"field 'cmd': unknown upload command {str(cmd)[:64]!r} (post, skip)")
+        result["through"] = through
+        return result
 def _prepare_ipc(bind: str) -> None:
     """ipc endpoints: create the socket file's directory."""
     path = _ipc_path(bind)
@@ -224,65 +402,26 @@ def _ipc_path(endpoint: str) -> Path | None:
     return None
 
 
-def _request_id(msg: Any) -> int:
-    if not isinstance(msg, dict):
-        raise BadRequest("bad_request", f"request must be a map, got {type(msg).__name__}")
-    rid = msg.get("id")
-    if not _is_int(rid):
-        raise BadRequest("bad_request", f"field 'id': missing or not an integer ({rid!r})")
-    return rid
-
-
-def _episode_field(msg: dict[str, Any]) -> str:
-    episode = msg.get("episode")
-    if not isinstance(episode, str) or not 0 < len(episode) <= MAX_EPISODE_ID:
-        raise BadRequest("bad_request", "field 'episode': missing or not a string of "
-                         f"1..{MAX_EPISODE_ID} characters ({str(episode)[:64]!r})")
-    return episode
-
-
-def _act_fields(msg: dict[str, Any], windowed: bool) -> tuple[int, list[int], list[dict]]:
-    step, steps, observations = msg.get("step"), msg.get("steps"), msg.get("observations")
-    if not _is_int(step) or step < 0:
-        raise BadRequest("bad_request", f"field 'step': missing or not an integer >= 0 ({step!r})")
-    if not isinstance(steps, list) or not 0 < len(steps) <= MAX_STEPS:
-        raise BadRequest("bad_request", f"field 'steps': missing or not a list of 1..{MAX_STEPS} "
-                         "step numbers")
-    for i, s in enumerate(steps):
-        if not _is_int(s):
-            raise BadRequest("bad_request", f"field 'steps[{i}]': not an integer ({s!r})")
-        if i and s <= steps[i - 1]:
-            raise BadRequest("bad_request", f"field 'steps[{i}]': {s} after {steps[i - 1]} "
-                             "(steps must be strictly ascending)")
-    if steps[-1] != step:
-        raise BadRequest("bad_request", f"field 'steps': last entry {steps[-1]} is not the "
-                         f"act's own step {step}")
-    if not windowed and len(steps) != 1:
-        raise BadRequest("bad_request", f"field 'steps': {len(steps)} steps, but the policy "
-                         "declares no observation contract (the act carries its own step only)")
-    if not isinstance(observations, list) or len(observations) != len(steps):
-        got = len(observations) if isinstance(observations, list) else type(observations).__name__
-        raise BadRequest("bad_request", f"field 'observations': need a list of {len(steps)} "
-                         f"maps (one per entry of steps), got {got}")
-    for i, obs in enumerate(observations):
-        if not isinstance(obs, dict):
-            raise BadRequest("bad_request", f"field 'observations[{i}]': not a map "
-                             f"({type(obs).__name__})")
-    return step, steps, observations
-
-
-def _is_int(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
-
-
 def _send(sock: zmq.Socket, route: list[bytes], reply: dict[str, Any]) -> None:
     sock.send_multipart([*route, wire.packb(reply)])
 
 
-def _reply_error(sock: zmq.Socket, route: list[bytes], rid: int | None, code: str,
-                 message: str) -> None:
+def _reply_error(sock: zmq.Socket | None, route: list[bytes], rid: int | None, code: str,
+                 message: str, extra: dict[str, Any] | None = None) -> None:
     log.debug("error reply %s: %s", code, message)
-    _send(sock, route, {"id": rid, "ok": False, "error": {"code": code, "message": message}})
+    assert sock is not None
+    error = {"code": code, "message": message, **(extra or {})}
+    _send(sock, route, {"id": rid, "ok": False, "error": error})
+
+
+def _recv_all(sock: zmq.Socket) -> list[list[bytes]]:
+    """Every message waiting on `sock`, without blocking."""
+    out = []
+    while True:
+        try:
+            out.append(sock.recv_multipart(zmq.NOBLOCK))
+        except zmq.Again:
+            return out
 
 
 def _drop_queued(jobs: queue.Queue[_Job | None]) -> None:
@@ -338,7 +477,8 @@ class _PolicyLoop:
             return {}
         assert job.steps is not None and job.observations is not None
         self.host.begin(job.episode)
-        inputs = self.host.inputs(job.steps, job.observations)
+        observations = self.host.decode_frames(job.steps, job.observations)
+        inputs = self.host.inputs(job.steps, observations)
         start = time.perf_counter()
         rows = self.host.infer(inputs, job.episode)
         done = time.perf_counter()
