@@ -65,10 +65,13 @@ def _config(mode: str, args: argparse.Namespace) -> Any:
     from robotd.config import load_config
     from robotd.errors import ConfigError
 
-    overrides = [f"joints.lower={STOPS[0]}", f"joints.upper={STOPS[1]}",
-                 f"control.refill_steps={args.refill_steps}",
-                 f"control.fade_steps={args.fade_steps}",
-                 'control.timing="sync"' if mode == "sync" else 'control.timing="realtime"']
+    overrides = [
+        f"joints.lower={STOPS[0]}",
+        f"joints.upper={STOPS[1]}",
+        f"control.refill_steps={args.refill_steps}",
+        f"control.fade_steps={args.fade_steps}",
+        'control.timing="sync"' if mode == "sync" else 'control.timing="realtime"',
+    ]
     if mode in ("fade", "ensemble"):
         overrides.append(f'control.merge="{mode}"')
     try:
@@ -82,16 +85,27 @@ def run_one(mode: str, latency_ms: int, args: argparse.Namespace) -> dict[str, A
     from robotd.demo import DotFollower
     from robotd.virtual import run_virtual
 
-    result = run_virtual(_config(mode, args), DotFollower(latency_ms=0, horizon=args.horizon),
-                         steps=args.steps, latency_s=latency_ms / 1e3, seed=args.seed,
-                         aligned=mode != "naive")
+    result = run_virtual(
+        _config(mode, args),
+        DotFollower(latency_ms=0, horizon=args.horizon),
+        steps=args.steps,
+        latency_s=latency_ms / 1e3,
+        seed=args.seed,
+        aligned=mode != "naive",
+    )
     if result.outcome:
-        raise BenchError(f"{mode} at {latency_ms} ms: the episode ended early ({result.outcome}); "
-                         f"events: {result.events[-3:]}")
-    return {"mode": mode, "latency_ms": latency_ms,
-            "tracking_mean": round(result.tracking_mean, 5),
-            "tracking_p95": round(result.tracking_p95, 5),
-            "holds": result.holds, "max_jump": round(result.max_jump, 5)}
+        raise BenchError(
+            f"{mode} at {latency_ms} ms: the episode ended early ({result.outcome}); "
+            f"events: {result.events[-3:]}"
+        )
+    return {
+        "mode": mode,
+        "latency_ms": latency_ms,
+        "tracking_mean": round(result.tracking_mean, 5),
+        "tracking_p95": round(result.tracking_p95, 5),
+        "holds": result.holds,
+        "max_jump": round(result.max_jump, 5),
+    }
 
 
 def _verdict(results: list[dict[str, Any]]) -> list[str]:
@@ -112,10 +126,19 @@ def main(argv: list[str] | None = None) -> int:
     results = [run_one(mode, ms, args) for mode in MODES for ms in LATENCIES_MS]
     print_table(
         ["mode", "latency ms", "tracking mean", "tracking p95", "holds", "max jump (rad)"],
-        [[r["mode"], r["latency_ms"], r["tracking_mean"], r["tracking_p95"], r["holds"],
-          r["max_jump"]] for r in results],
+        [
+            [
+                r["mode"],
+                r["latency_ms"],
+                r["tracking_mean"],
+                r["tracking_p95"],
+                r["holds"],
+                r["max_jump"],
+            ]
+            for r in results
+        ],
         title=f"merge: {args.steps} ticks per run, horizon {args.horizon}, "
-              f"refill_steps {args.refill_steps}, fade_steps {args.fade_steps} (virtual clock)",
+        f"refill_steps {args.refill_steps}, fade_steps {args.fade_steps} (virtual clock)",
         digits=4,
     )
     for line in _verdict(results):

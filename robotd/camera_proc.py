@@ -76,7 +76,7 @@ def build_camera(spec: CameraSpec, world: Any, stop: threading.Event) -> Camera:
     kwargs: dict[str, Any] = {}
     if "world" in params:
         if world is None:
-            raise UsageError(f"camera driver {spec.driver!r} needs a \"world\" shm name")
+            raise UsageError(f'camera driver {spec.driver!r} needs a "world" shm name')
         kwargs["world"] = world
     if "sleep_until" in params:
         # Sleep in slices so that a stop signal is noticed within ~50 ms at any fps.

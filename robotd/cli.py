@@ -86,6 +86,13 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "check":
         print(json.dumps(cfg.model_dump(mode="json"), indent=2))
         return 0
+    if cfg.control.clock == "virtual":
+        print(
+            "robotd: control.clock: 'virtual' runs in one process without wall time "
+            "(robotd.virtual.run_virtual, bench/merge.py); the daemon runs on the wall clock",
+            file=sys.stderr,
+        )
+        return 2
     from robotd import daemon
 
     daemon.setup_logging(args.verbose)

@@ -116,6 +116,9 @@ class PolicyConfig(_Model):
     args: dict[str, Any] = {}
     timeout_s: float = Field(10.0, gt=0)
     stream_wait_s: float = Field(10.0, gt=0)
+    # uploads one episode may hold on the worker (SPEC §4), lowered to the worker's own
+    max_episode_frames: int = Field(1024, ge=1)
+    max_episode_bytes: int = Field(64 << 20, ge=1)
     # for servers that cannot declare their contract (openpi): validated by robotd.contract
     observations: dict[str, Any] | None = None
     actions: dict[str, Any] | None = None
@@ -139,6 +142,13 @@ class Config(_Model):
 
     @model_validator(mode="after")
     def _cross(self) -> Config:
+        c = self.control
+        if c.merge != "replace" and (c.timing == "sync" or not c.aligned):
+            why = "sync timing" if c.timing == "sync" else "aligned = false"
+            raise ValueError(
+                f"control.merge: {c.merge!r} blends chunks in realtime aligned timing only, "
+                f"not with {why}; use merge = 'replace'"
+            )
         n = len(self.joints.names)
         for key in ("max_velocity", "max_acceleration"):
             vals = getattr(self.safety, key)

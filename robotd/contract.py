@@ -239,9 +239,13 @@ class ResolvedObservations:
 def _whole_steps(key: str, field: str, values: list[float]) -> list[tuple[Loc, str]]:
     label = "offset" if field == "at" else "every"
     return [
-        (("streams", key, field), f"{label} {_num(v)} is not a whole number of steps "
-         "(unit is steps: values must be whole numbers)")
-        for v in values if not float(v).is_integer()
+        (
+            ("streams", key, field),
+            f"{label} {_num(v)} is not a whole number of steps "
+            "(unit is steps: values must be whole numbers)",
+        )
+        for v in values
+        if not float(v).is_integer()
     ]
 
 
@@ -284,8 +288,13 @@ class Observations(_Model):
             problems.append((("every",), f"every {_num(self.every)} must be > 0"))
         if self.unit == "steps":
             if self.every is not None and not float(self.every).is_integer():
-                problems.append((("every",), f"every {_num(self.every)} is not a whole number "
-                                 "of steps (unit is steps: values must be whole numbers)"))
+                problems.append(
+                    (
+                        ("every",),
+                        f"every {_num(self.every)} is not a whole number "
+                        "of steps (unit is steps: values must be whole numbers)",
+                    )
+                )
             for key, s in self.streams.items():
                 problems += _whole_steps(key, "at", s.at or [])
                 problems += _whole_steps(key, "every", [] if s.every is None else [s.every])
@@ -301,8 +310,10 @@ class Observations(_Model):
         """Whole-step schedules at control rate `hz` (Hz). Seconds round to the nearest step
         (ties away from zero). Offsets that land on the same step, an `every` that rounds to
         0 steps, or a value beyond MAX_STEPS steps raise ContractError naming the stream."""
-        if isinstance(hz, bool) or not isinstance(hz, int | float) or not (
-            math.isfinite(hz) and hz > 0
+        if (
+            isinstance(hz, bool)
+            or not isinstance(hz, int | float)
+            or not (math.isfinite(hz) and hz > 0)
         ):
             raise ContractError(f"observations.resolve: control rate hz={hz!r} must be > 0")
         problems: list[str] = []
@@ -316,8 +327,10 @@ class Observations(_Model):
                 where += ".every" if s.every is not None else " (default observations.every)"
                 k = self._step(every, hz, where, problems)
                 if k is not None and k < 1:
-                    problems.append(f"{where}: {_num(every)} s rounds to {k} steps at "
-                                    f"{_num(hz)} Hz (every must be >= 1 step)")
+                    problems.append(
+                        f"{where}: {_num(every)} s rounds to {k} steps at "
+                        f"{_num(hz)} Hz (every must be >= 1 step)"
+                    )
                 out[key] = ResolvedStream(None, k or 1)
             else:
                 out[key] = ResolvedStream((0,), None)
@@ -334,17 +347,20 @@ class Observations(_Model):
             return None
         return int(x) if self.unit == "steps" else _to_steps(value, hz)
 
-    def _resolve_at(self, at: list[float], hz: float, where: str, problems: list[str]
-                    ) -> tuple[int, ...]:
+    def _resolve_at(
+        self, at: list[float], hz: float, where: str, problems: list[str]
+    ) -> tuple[int, ...]:
         by_step: dict[int, float] = {}
         for o in at:
             step = self._step(o, hz, f"{where}.at", problems)
             if step is None:
                 continue
             if step in by_step:
-                problems.append(f"{where}.at: offsets {_num(by_step[step])} s and {_num(o)} s "
-                                f"both round to step {step} at {_num(hz)} Hz "
-                                "(each offset once)")
+                problems.append(
+                    f"{where}.at: offsets {_num(by_step[step])} s and {_num(o)} s "
+                    f"both round to step {step} at {_num(hz)} Hz "
+                    "(each offset once)"
+                )
             by_step[step] = o
         return tuple(sorted(by_step))
 
@@ -370,8 +386,9 @@ class Actions(_Model):
         if self.hz is not None and self.hz <= 0:
             problems.append((("hz",), f"hz {_num(self.hz)} must be > 0"))
         if self.open_loop_horizon is not None and self.open_loop_horizon < 1:
-            problems.append((("open_loop_horizon",),
-                             f"open_loop_horizon {self.open_loop_horizon} must be >= 1"))
+            problems.append(
+                (("open_loop_horizon",), f"open_loop_horizon {self.open_loop_horizon} must be >= 1")
+            )
         if problems:
             raise _Rules(problems)
         return self
@@ -393,8 +410,9 @@ def _camera_line(cam: Camera | None) -> str:
     return "none" if cam is None else repr(cam.to_wire())
 
 
-def differences(a: Observations, b: Observations, *, a_name: str = "config",
-                b_name: str = "worker") -> list[str]:
+def differences(
+    a: Observations, b: Observations, *, a_name: str = "config", b_name: str = "worker"
+) -> list[str]:
     """Human-readable lines, one per declared difference between two contracts (empty when
     they agree), for the warning when a config's contract differs from the worker's.
     Values are compared as declared (no resolving: no control rate is needed)."""
@@ -413,9 +431,12 @@ def differences(a: Observations, b: Observations, *, a_name: str = "config",
             for field in ("at", "every"):
                 va, vb = getattr(sa, field), getattr(sb, field)
                 if va != vb:
-                    lines.append(f"streams[{key!r}].{field}: {a_name} {_fmt(va)}, "
-                                 f"{b_name} {_fmt(vb)}")
+                    lines.append(
+                        f"streams[{key!r}].{field}: {a_name} {_fmt(va)}, {b_name} {_fmt(vb)}"
+                    )
             if sa.camera != sb.camera:
-                lines.append(f"streams[{key!r}].camera: {a_name} {_camera_line(sa.camera)}, "
-                             f"{b_name} {_camera_line(sb.camera)}")
+                lines.append(
+                    f"streams[{key!r}].camera: {a_name} {_camera_line(sa.camera)}, "
+                    f"{b_name} {_camera_line(sb.camera)}"
+                )
     return lines

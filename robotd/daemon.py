@@ -27,8 +27,9 @@ import zmq.asyncio
 from robotd import sdnotify, wire
 from robotd.config import Config, runtime_dir
 from robotd.contract import Actions, ContractError, Observations
-from robotd.link.client import Handshake, PolicyClient, PolicyError
-from robotd.link.session import ActLink, FrameSource, StepRing, choose_contract
+from robotd.link.client import Handshake, PolicyClient, PolicyError, observe_address
+from robotd.link.session import ActLink, FrameSource, LinkCounters, StepRing, choose_contract
+from robotd.link.uplink import Uplink, UplinkLimits
 from robotd.link.windows import WindowPlanner
 from robotd.operator.server import OperatorServer
 from robotd.shm import FrameRing, ring_slots, unlink_prefix
@@ -122,6 +123,7 @@ class Daemon:
         self.state: dict[str, Any] = {}
         self.exit_code = 0
         self.link: ActLink | None = None
+        self.uplink: Uplink | None = None
         self._replies: dict[int, Any] = {}
         self._reply_id = 0
         self.shared: Shared | None = None
@@ -176,11 +178,19 @@ class Daemon:
         if kind == "step":
             self.steps.add(msg)
             self.summary.on_step(msg)
+            if self.uplink is not None:
+                self.uplink.on_step(msg)
         elif kind == "ask":
-            if self.link is not None:
-                tg.start_soon(self.link.on_ask, msg)
-            else:
+            # Planned here, in message order (the steps before it are known, the ones after
+            # it are not yet); the act itself runs in a task of its own.
+            act = self.link.begin(msg) if self.link is not None else None
+            if act is not None:
+                tg.start_soon(self.link.finish, act)
+            elif self.link is None:
                 self.send_down({"k": "act_failed", "ask": msg["id"], "reason": "no policy link"})
+        elif kind == "chunk":
+            if self.uplink is not None:
+                self.uplink.on_chunk(msg)
         elif kind == "stats":
             self.summary.on_stats(msg)
             self.state = msg.get("state", self.state)
@@ -198,7 +208,7 @@ class Daemon:
             for w in msg.get("warnings", []):
                 log.warning("control lane: %s", w)
             self.ready.set()
-        elif kind in ("chunk", "shield", "bye"):
+        elif kind in ("shield", "bye"):
             pass
 
     def _on_event(self, msg: dict[str, Any], tg: anyio.abc.TaskGroup) -> None:
@@ -317,13 +327,13 @@ class Daemon:
             await sup.start(Child("worker", argv, on_exit=self._on_worker_exit))
         return endpoint
 
-    async def _connect_policy(self, endpoint: str) -> None:
+    async def _connect_policy(self, endpoint: str, tg: anyio.abc.TaskGroup) -> None:
         # Short hellos while the worker comes up, so a dead one is noticed quickly.
         client = PolicyClient(endpoint, timeout_s=1.0)
         deadline = time.monotonic() + READY_TIMEOUT_S
         while True:
             try:
-                self.handshake = await client.connect()
+                self.handshake = await client.connect(observe=True)
                 client.timeout_s = self.cfg.policy.timeout_s
                 break
             except (TimeoutError, PolicyError) as exc:
@@ -353,6 +363,9 @@ class Daemon:
         resolved = obs.resolve(self.cfg.control.hz) if obs is not None else None
         planner = WindowPlanner(resolved, self.cfg.observation_keys)
         self.steps.keep = planner.lookback + 2 * int(self.cfg.control.hz) + 16
+        self.uplink = self._make_uplink(endpoint, obs, planner, actions)
+        if self.uplink is not None:
+            tg.start_soon(self.uplink.run)
         self.link = ActLink(
             client,
             planner,
@@ -362,7 +375,10 @@ class Daemon:
             control_hz=self.cfg.control.hz,
             actions=actions,
             camera_names=set(self.cfg.cameras),
+            uplink=self.uplink,
+            stream_wait_s=self.cfg.policy.stream_wait_s,
         )
+        self.summary.link_counters = self.link.counters.uploads
         olh = actions.open_loop_horizon if actions is not None else None
         self.send_down({"k": "contract", "open_loop_horizon": olh})
         log.info(
@@ -370,6 +386,47 @@ class Daemon:
             hs.policy,
             endpoint,
             sorted(resolved.keys) if resolved else "undeclared (the act's own step)",
+        )
+
+    def _make_uplink(
+        self,
+        endpoint: str,
+        obs: Observations | None,
+        planner: WindowPlanner,
+        actions: Actions | None,
+    ) -> Uplink | None:
+        """The observe connection, if the worker offers one (else acts carry their window)."""
+        assert self.handshake is not None and self.shared is not None
+        observe = self.handshake.endpoints.get("observe")
+        if not observe:
+            log.info("the worker offers no observe endpoint: windows go inline in each act")
+            return None
+        streams = obs.streams if obs is not None else {}
+        c, p = self.cfg.control, self.cfg.policy
+        back_s = planner.lookback / c.hz
+        for name, cam in self.cfg.cameras.items():
+            if name in planner.keys and back_s + 0.5 > cam.ring_seconds:
+                log.warning(
+                    "cameras.%s.ring_seconds = %g but the contract looks %.2f s back: frames "
+                    "older than the ring are declared lost; raise ring_seconds",
+                    name, cam.ring_seconds, back_s,
+                )
+        return Uplink(
+            observe_address(observe, endpoint),
+            planner,
+            self.steps,
+            self.shared.rings,
+            {k: s.camera for k, s in streams.items() if k in self.cfg.cameras},
+            # shared with the ActLink built next: one set of link counters
+            self._counters,
+            timing=c.timing,
+            open_loop_horizon=actions.open_loop_horizon if actions is not None else None,
+            refill_steps=c.refill_steps,
+            merge=c.merge,
+            limits=UplinkLimits(p.max_episode_frames, p.max_episode_bytes).within(
+                self.handshake.limits
+            ),
+            when_behind=obs.when_behind if obs is not None else "wait",
         )
 
     # ---- the run ---------------------------------------------------------------------------
@@ -402,7 +459,7 @@ class Daemon:
         with anyio.fail_after(READY_TIMEOUT_S):
             await self.ready.wait()
         try:
-            await self._connect_policy(endpoint)
+            await self._connect_policy(endpoint, tg)
         except (StartupError, ContractError) as exc:
             log.error("%s", exc)
             self.exit_code = 2
@@ -431,7 +488,7 @@ class Daemon:
         if self.link is not None:
             self.summary.link = {
                 "act_errors": self.link.counters.act_errors,
-                "skipped_frames": self.link.counters.skipped_frames,
+                **self.link.counters.uploads(),
             }
             for v in self.link.counters.rtt_ms:
                 self.summary.rtt.add(v)

@@ -35,11 +35,19 @@ class DotFollower:
     observations = _observations(3)
     actions = Actions(hz=30.0, open_loop_horizon=8)
 
-    def __init__(self, latency_ms: float = 0.0, horizon: int = 16, lookback: int = 3,
-                 hz: float = 30.0, colour_tolerance: int = 0) -> None:
+    def __init__(
+        self,
+        latency_ms: float = 0.0,
+        horizon: int = 16,
+        lookback: int = 3,
+        hz: float = 30.0,
+        colour_tolerance: int = 0,
+    ) -> None:
         if horizon < 1 or lookback < 1 or not hz > 0 or latency_ms < 0:
-            raise ValueError(f"DotFollower: need horizon >= 1, lookback >= 1, hz > 0 and "
-                             f"latency_ms >= 0 (got {horizon}, {lookback}, {hz}, {latency_ms})")
+            raise ValueError(
+                f"DotFollower: need horizon >= 1, lookback >= 1, hz > 0 and "
+                f"latency_ms >= 0 (got {horizon}, {lookback}, {hz}, {latency_ms})"
+            )
         self.latency_ms = float(latency_ms)
         self.horizon = int(horizon)
         self.hz = float(hz)
@@ -70,16 +78,23 @@ class DotFollower:
 
     def find_dot(self, frame: Any) -> np.ndarray | None:
         """World position of the dot's centroid in a top-camera frame (HxWx3 uint8 RGB)."""
-        if not isinstance(frame, np.ndarray) or frame.dtype != np.uint8 or frame.ndim != 3 \
-                or frame.shape[2] != 3 or frame.shape[0] == 0 or frame.shape[1] == 0:
+        if (
+            not isinstance(frame, np.ndarray)
+            or frame.dtype != np.uint8
+            or frame.ndim != 3
+            or frame.shape[2] != 3
+            or frame.shape[0] == 0
+            or frame.shape[1] == 0
+        ):
             return None
         mask = cv2.inRange(frame, self._lo, self._hi)
         m = cv2.moments(mask, binaryImage=True)
         if m["m00"] == 0:
             return None
         h, w = frame.shape[:2]
-        return geometry.pixel_to_world(m["m10"] / m["m00"], m["m01"] / m["m00"],
-                                       geometry.TOP_VIEW, w, h)
+        return geometry.pixel_to_world(
+            m["m10"] / m["m00"], m["m01"] / m["m00"], geometry.TOP_VIEW, w, h
+        )
 
     def plan(self, targets: np.ndarray, q: np.ndarray) -> np.ndarray:
         """Joint rows putting the tip at each target, continuing from the pose q."""

@@ -38,8 +38,11 @@ def die_with_parent(expected_parent: int | None = None) -> bool:
     try:
         libc = ctypes.CDLL(None, use_errno=True)
         rc = libc.prctl(
-            ctypes.c_int(PR_SET_PDEATHSIG), ctypes.c_ulong(signal.SIGTERM),
-            ctypes.c_ulong(0), ctypes.c_ulong(0), ctypes.c_ulong(0),
+            ctypes.c_int(PR_SET_PDEATHSIG),
+            ctypes.c_ulong(signal.SIGTERM),
+            ctypes.c_ulong(0),
+            ctypes.c_ulong(0),
+            ctypes.c_ulong(0),
         )
     except (OSError, AttributeError):
         return False

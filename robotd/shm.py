@@ -164,8 +164,16 @@ def ring_slots(fps: float, budget_s: float, minimum: int = 4) -> int:
 
 
 _RING_HEADER_DTYPE = np.dtype(
-    [("magic", "S8"), ("version", "=u4"), ("h", "=u4"), ("w", "=u4"), ("c", "=u4"),
-     ("slots", "=u4"), ("pad", "=u4"), ("head", "=u8")]
+    [
+        ("magic", "S8"),
+        ("version", "=u4"),
+        ("h", "=u4"),
+        ("w", "=u4"),
+        ("c", "=u4"),
+        ("slots", "=u4"),
+        ("pad", "=u4"),
+        ("head", "=u8"),
+    ]
 )
 
 

@@ -95,12 +95,16 @@ class _Cameras:
         self.specs: dict[str, tuple[str, int, int, float]] = {}
         for name, cam in cfg.cameras.items():
             if cam.driver != "sim":
-                raise ValueError(f"run_virtual: cameras.{name}.driver is {cam.driver!r}; the "
-                                 "virtual clock renders sim cameras only")
+                raise ValueError(
+                    f"run_virtual: cameras.{name}.driver is {cam.driver!r}; the "
+                    "virtual clock renders sim cameras only"
+                )
             view = str(cam.options.get("view", "top"))
             if view not in sim_render.VIEWS:
-                raise ValueError(f"run_virtual: cameras.{name}.options.view {view!r} is not one "
-                                 f"of {sim_render.VIEWS}")
+                raise ValueError(
+                    f"run_virtual: cameras.{name}.options.view {view!r} is not one "
+                    f"of {sim_render.VIEWS}"
+                )
             self.specs[name] = (view, cam.width, cam.height, cam.fps)
         self.newest: dict[str, int] = {}
         self.poses: dict[str, dict[int, tuple[int, np.ndarray]]] = {n: {} for n in self.specs}
@@ -168,8 +172,10 @@ class _Asker:
         acts = getattr(policy, "actions", None)
         for name, value, kind in (("observations", obs, Observations), ("actions", acts, Actions)):
             if value is not None and not isinstance(value, kind):
-                raise TypeError(f"run_virtual: policy.{name} must be a robotd.contract."
-                                f"{kind.__name__} or None, got {type(value).__name__}")
+                raise TypeError(
+                    f"run_virtual: policy.{name} must be a robotd.contract."
+                    f"{kind.__name__} or None, got {type(value).__name__}"
+                )
         infer = getattr(policy, "infer", None)
         if not callable(infer):
             raise TypeError(f"run_virtual: policy {type(policy).__name__} has no infer method")
@@ -177,8 +183,9 @@ class _Asker:
         self.pass_episode = _accepts_keyword(infer, "episode")
         self.windowed = obs is not None
         self.actions: Actions | None = acts
-        self.planner = WindowPlanner(obs.resolve(self.hz) if obs is not None else None,
-                                     cfg.observation_keys)
+        self.planner = WindowPlanner(
+            obs.resolve(self.hz) if obs is not None else None, cfg.observation_keys
+        )
         self.steps = StepRing(keep=self.planner.lookback + 2 * math.ceil(self.hz) + 16)
         cameras.retain(self.steps.keep / self.hz)
         self.kernel: Kernel | None = None
@@ -265,8 +272,10 @@ def _accepts_keyword(fn: Any, name: str) -> bool:
 
 def _prepare(cfg: Config, aligned: bool) -> Config:
     if cfg.joints.driver != "sim":
-        raise ValueError(f"run_virtual: joints.driver is {cfg.joints.driver!r}; the virtual "
-                         "clock drives the sim arm only")
+        raise ValueError(
+            f"run_virtual: joints.driver is {cfg.joints.driver!r}; the virtual "
+            "clock drives the sim arm only"
+        )
     return cfg.model_copy(update={"control": cfg.control.model_copy(update={"aligned": aligned})})
 
 
@@ -310,8 +319,7 @@ def run_virtual(
     arm.open()
     arm.torque(True)  # as the control process: hold where the joints are from the start
     cameras = _Cameras(cfg, world)
-    asker = _Asker(cfg, policy, cameras,
-                   cfg.control.latency_s if latency_s is None else latency_s)
+    asker = _Asker(cfg, policy, cameras, cfg.control.latency_s if latency_s is None else latency_s)
     events: list[dict[str, Any]] = []
 
     def emit(msg: dict[str, Any]) -> None:
@@ -338,8 +346,13 @@ def run_virtual(
             arm.torque(torque)
         if target is not None:
             arm.write(target)
-        trace.record(tick, target, kernel.counters.holds > holds, kernel.counters.steps > made,
-                     truth["tracking_error"])
+        trace.record(
+            tick,
+            target,
+            kernel.counters.holds > holds,
+            kernel.counters.steps > made,
+            truth["tracking_error"],
+        )
     arm.close()
     world.close()
     return trace.result(kernel, cfg, events)
@@ -354,8 +367,9 @@ class _Trace:
         self.running = np.zeros(ticks, dtype=bool)
         self.tracking = np.zeros(ticks)
 
-    def record(self, tick: int, target: np.ndarray | None, held: bool, running: bool,
-               tracking: float) -> None:
+    def record(
+        self, tick: int, target: np.ndarray | None, held: bool, running: bool, tracking: float
+    ) -> None:
         if target is not None:
             self.played[tick] = target
         self.held[tick] = held

@@ -39,8 +39,18 @@ MAX_CONTAINER_LEN = 1 << 20
 _DTYPES: dict[str, np.dtype] = {
     name: np.dtype(name).newbyteorder("<")
     for name in (
-        "bool", "int8", "int16", "int32", "int64",
-        "uint8", "uint16", "uint32", "uint64", "float16", "float32", "float64",
+        "bool",
+        "int8",
+        "int16",
+        "int32",
+        "int64",
+        "uint8",
+        "uint16",
+        "uint32",
+        "uint64",
+        "float16",
+        "float32",
+        "float64",
     )
 }
 _HEAD = struct.Struct("<8sQ")
@@ -129,8 +139,9 @@ def _ext_hook(code: int, data: bytes) -> np.ndarray:
     name = raw_name.rstrip(b"\0").decode("ascii", errors="replace")
     dtype = _DTYPES.get(name)
     if dtype is None:
-        raise WireError(f"ndarray dtype {name!r} not allowed (bool, int8..64, uint8..64, "
-                        "float16/32/64 only)")
+        raise WireError(
+            f"ndarray dtype {name!r} not allowed (bool, int8..64, uint8..64, float16/32/64 only)"
+        )
     if ndim > MAX_NDIM:
         raise WireError(f"ndarray has {ndim} dimensions (at most {MAX_NDIM})")
     offset = _HEAD.size + _DIM.size * ndim

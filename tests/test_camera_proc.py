@@ -44,8 +44,14 @@ def shm(prefix: str) -> Iterator[tuple[FrameRing, SimWorld]]:
 
 def spec(ring: FrameRing, world: SimWorld, /, **changes: object) -> str:
     base: dict[str, object] = {
-        "name": "top", "driver": "sim", "width": W, "height": H, "fps": 50,
-        "options": {"view": "top"}, "ring": ring.name, "world": world.name,
+        "name": "top",
+        "driver": "sim",
+        "width": W,
+        "height": H,
+        "fps": 50,
+        "options": {"view": "top"},
+        "ring": ring.name,
+        "world": world.name,
     }
     return json.dumps({**base, **changes})
 
@@ -53,7 +59,10 @@ def spec(ring: FrameRing, world: SimWorld, /, **changes: object) -> str:
 def spawn(arg: str) -> subprocess.Popen[str]:
     return subprocess.Popen(
         [sys.executable, "-m", "robotd.camera_proc", arg],
-        cwd=ROOT, env=ENV, stderr=subprocess.PIPE, text=True,
+        cwd=ROOT,
+        env=ENV,
+        stderr=subprocess.PIPE,
+        text=True,
     )
 
 
@@ -118,7 +127,11 @@ def test_camera_process_dies_with_its_parent(shm: tuple[FrameRing, SimWorld]) ->
     ring, world = shm
     middle = subprocess.Popen(
         [sys.executable, "-c", _MIDDLE, spec(ring, world)],
-        cwd=ROOT, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        cwd=ROOT,
+        env=ENV,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
     )
     try:
         assert middle.stdout is not None

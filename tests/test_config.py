@@ -68,7 +68,7 @@ def test_not_toml(tmp_path):
 
 
 def test_joint_lists_must_match(tmp_path):
-    path = write(tmp_path, SIM.replace("upper = [2.6, 2.6, 1.0]", "upper = [2.6, 1.0]"))
+    path = write(tmp_path, SIM.replace("upper = [2.8, 2.8, 1.0]", "upper = [2.8, 1.0]"))
     with pytest.raises(ConfigError, match=r"joints: upper: needs one value per joint \(3\), got 2"):
         load_config(path)
 
@@ -131,3 +131,21 @@ def test_cli_check_reports_config_errors(tmp_path, capsys):
     path = write(tmp_path, SIM.replace("hz = 30", "hz = -5"))
     assert main(["check", "--config", str(path)]) == 2
     assert "control.hz: must be > 0, got -5" in capsys.readouterr().err
+
+
+def test_blending_needs_realtime_aligned_timing():
+    with pytest.raises(ConfigError, match=r"control\.merge: 'fade' blends chunks in realtime"):
+        load_config(None, ['control.merge="fade"'])
+    with pytest.raises(ConfigError, match="not with aligned = false"):
+        load_config(
+            None, ['control.timing="realtime"', 'control.merge="ensemble"', "control.aligned=false"]
+        )
+    cfg = load_config(None, ['control.timing="realtime"', 'control.merge="fade"'])
+    assert cfg.control.merge == "fade"
+
+
+def test_run_refuses_the_virtual_clock(capsys):
+    from robotd.cli import main
+
+    assert main(["run", "--set", 'control.clock="virtual"']) == 2
+    assert "control.clock: 'virtual' runs in one process" in capsys.readouterr().err

@@ -36,8 +36,12 @@ def one_stream(**stream: Any) -> dict[str, Any]:
 def test_keyword_construction_and_defaults() -> None:
     obs = Observations(streams={"top": Stream(at=[-15, 0]), "joints.pos": Stream()})
     assert obs.streams["top"].at == [-15.0, 0.0]
-    assert (obs.unit, obs.pad, obs.when_behind, obs.every) == ("steps", "repeat_first", "wait",
-                                                              None)
+    assert (obs.unit, obs.pad, obs.when_behind, obs.every) == (
+        "steps",
+        "repeat_first",
+        "wait",
+        None,
+    )
     r = obs.resolve(50)
     assert r.streams["top"] == ResolvedStream(at=(-15, 0), every=None)
     assert r.streams["joints.pos"] == ResolvedStream(at=(0,), every=None)
@@ -107,7 +111,9 @@ def test_fractions_are_fine_in_seconds() -> None:
 
 def test_whole_floats_are_fine_in_steps() -> None:
     assert Observations.from_wire(one_stream(at=[-3.0, 0.0])).resolve(1).streams["top"].at == (
-        -3, 0)
+        -3,
+        0,
+    )
 
 
 @pytest.mark.parametrize("key", ["", "   "])
@@ -150,7 +156,8 @@ def test_type_errors_carry_the_index_path() -> None:
     assert msg.startswith("observations.streams['top'].at[1]: Input should be a valid number")
     assert "observations.streams['top'].at[0]:" in error_of(one_stream(at=[True]))
     assert "observations.streams['top'].at[0]: Input should be a finite number" in error_of(
-        one_stream(at=[float("nan")]))
+        one_stream(at=[float("nan")])
+    )
 
 
 def test_unknown_fields_and_values() -> None:
@@ -182,22 +189,34 @@ def test_actions_rules() -> None:
     assert "actions.hz: hz 0 must be > 0" in msg
     assert "actions.open_loop_horizon: open_loop_horizon 0 must be >= 1" in msg
     assert "actions.open_loop_horizon: Input should be a valid integer" in error_of(
-        {"open_loop_horizon": 2.5}, Actions)
+        {"open_loop_horizon": 2.5}, Actions
+    )
 
 
 # ---- resolving --------------------------------------------------------------------------
 
 
 def test_seconds_round_to_nearest_ties_away_from_zero() -> None:
-    obs = Observations.from_wire({"unit": "seconds", "streams": {
-        "top": {"at": [-1.0, -0.25, -0.04, 0]},  # -10, -2.5 -> -3, -0.4 -> 0 ... duplicate
-    }})
+    obs = Observations.from_wire(
+        {
+            "unit": "seconds",
+            "streams": {
+                "top": {"at": [-1.0, -0.25, -0.04, 0]},  # -10, -2.5 -> -3, -0.4 -> 0 ... duplicate
+            },
+        }
+    )
     with pytest.raises(ContractError) as info:
         obs.resolve(10)
-    assert str(info.value) == ("observations.streams['top'].at: offsets -0.04 s and 0 s both "
-                               "round to step 0 at 10 Hz (each offset once)")
-    obs = Observations.from_wire({"unit": "seconds", "streams": {
-        "top": {"at": [-1.0, -0.25, -0.06, 0]}, "j": {"every": 0.1}}})
+    assert str(info.value) == (
+        "observations.streams['top'].at: offsets -0.04 s and 0 s both "
+        "round to step 0 at 10 Hz (each offset once)"
+    )
+    obs = Observations.from_wire(
+        {
+            "unit": "seconds",
+            "streams": {"top": {"at": [-1.0, -0.25, -0.06, 0]}, "j": {"every": 0.1}},
+        }
+    )
     r = obs.resolve(10)
     assert r.streams["top"].at == (-10, -3, -1, 0)
     assert r.streams["j"].every == 1
@@ -212,8 +231,9 @@ def test_every_rounding_to_zero_steps() -> None:
 
 
 def test_default_every_applies_to_streams_with_neither() -> None:
-    obs = Observations.from_wire({"every": 2, "streams": {"a": {}, "b": {"at": [-1, 0]},
-                                                          "c": {"every": 5}}})
+    obs = Observations.from_wire(
+        {"every": 2, "streams": {"a": {}, "b": {"at": [-1, 0]}, "c": {"every": 5}}}
+    )
     r = obs.resolve(10)
     assert r.streams["a"] == ResolvedStream(at=None, every=2)
     assert r.streams["b"] == ResolvedStream(at=(-1, 0), every=None)
@@ -230,7 +250,8 @@ def test_resolve_rejects_bad_rate_and_huge_values() -> None:
         big.resolve(100)
     assert info.value.problems == [
         "observations.streams['a'].at: -1e+300 s at 100 Hz is beyond 10000000 steps "
-        "(too far to keep)"]
+        "(too far to keep)"
+    ]
     far = Observations.from_wire({"streams": {"a": {"every": 2e7}}})
     with pytest.raises(ContractError, match=r"streams\['a'\]\.every: 20000000 is beyond"):
         far.resolve(100)
@@ -240,17 +261,34 @@ def test_resolve_rejects_bad_rate_and_huge_values() -> None:
 
 contracts = st.builds(
     lambda streams, unit, pad, behind: {
-        "streams": streams, "unit": unit, "pad": pad, "when_behind": behind},
+        "streams": streams,
+        "unit": unit,
+        "pad": pad,
+        "when_behind": behind,
+    },
     st.dictionaries(
         st.text(min_size=1, max_size=8).filter(str.strip),
         st.one_of(
-            st.builds(lambda at: {"at": sorted(at)},
-                      st.sets(st.integers(-300, 0), min_size=1, max_size=20)),
+            st.builds(
+                lambda at: {"at": sorted(at)},
+                st.sets(st.integers(-300, 0), min_size=1, max_size=20),
+            ),
             st.builds(lambda k: {"every": k}, st.integers(1, 50)),
-            st.builds(lambda w, h, q, c: {"camera": {"width": w, "height": h, "quality": q,
-                                                     "codec": c, "layout": "chw_float"}},
-                      st.integers(1, 4000), st.integers(1, 4000), st.integers(1, 100),
-                      st.sampled_from(["jpeg", "png", "raw"])),
+            st.builds(
+                lambda w, h, q, c: {
+                    "camera": {
+                        "width": w,
+                        "height": h,
+                        "quality": q,
+                        "codec": c,
+                        "layout": "chw_float",
+                    }
+                },
+                st.integers(1, 4000),
+                st.integers(1, 4000),
+                st.integers(1, 100),
+                st.sampled_from(["jpeg", "png", "raw"]),
+            ),
             st.just({}),
         ),
         max_size=6,
@@ -280,10 +318,19 @@ def test_actions_round_trip() -> None:
 
 
 def test_differences_lines() -> None:
-    config = Observations.from_wire({"pad": "drop", "streams": {
-        "top": {"at": [-15, 0]}, "wrist": {}, "j": {"every": 2, "camera": {"quality": 80}}}})
-    worker = Observations.from_wire({"streams": {
-        "top": {"at": [-10, 0]}, "j": {"every": 3}, "extra": {}}})
+    config = Observations.from_wire(
+        {
+            "pad": "drop",
+            "streams": {
+                "top": {"at": [-15, 0]},
+                "wrist": {},
+                "j": {"every": 2, "camera": {"quality": 80}},
+            },
+        }
+    )
+    worker = Observations.from_wire(
+        {"streams": {"top": {"at": [-10, 0]}, "j": {"every": 3}, "extra": {}}}
+    )
     assert differences(config, worker) == [
         "pad: config 'drop', worker 'repeat_first'",
         "streams['extra']: declared by worker, not by config",

@@ -59,6 +59,7 @@ def test_sigkill_of_the_main_process_takes_the_children_with_it(tmp_path):
     assert len(processes_mentioning(str(d.dir))) >= 2  # control and worker carry the run dir
     d.signal(signal.SIGKILL)
     d.wait_exit()
+
     def all_dead() -> bool:
         return not processes_mentioning(str(d.dir)) and not processes_mentioning(
             f"robotd-{d.proc.pid}-"

@@ -38,10 +38,13 @@ def frame(dot: np.ndarray | None, w: int = W, h: int = H) -> np.ndarray:
     return wire.unpackb(wire.packb(img))
 
 
-def window(t: int, back: int, p_then: np.ndarray | None, p_now: np.ndarray | None,
-           q: np.ndarray) -> dict:
-    return {"observations": [{"top": frame(p_then)}, {"top": frame(p_now), "joints.pos": q}],
-            "steps": [t - back, t]}
+def window(
+    t: int, back: int, p_then: np.ndarray | None, p_now: np.ndarray | None, q: np.ndarray
+) -> dict:
+    return {
+        "observations": [{"top": frame(p_then)}, {"top": frame(p_now), "joints.pos": q}],
+        "steps": [t - back, t],
+    }
 
 
 def tips(rows: np.ndarray) -> np.ndarray:
@@ -50,7 +53,8 @@ def tips(rows: np.ndarray) -> np.ndarray:
 
 def test_contract_is_declared_per_instance() -> None:
     assert DotFollower.observations == Observations(
-        streams={"top": Stream(at=[-3, 0]), "joints.pos": Stream()})
+        streams={"top": Stream(at=[-3, 0]), "joints.pos": Stream()}
+    )
     policy = DotFollower(lookback=5, hz=15.0, horizon=12)
     assert policy.observations.streams["top"].at == [-5, 0]
     assert policy.actions == Actions(hz=15.0, open_loop_horizon=8)
@@ -133,8 +137,9 @@ def test_no_dot_anywhere_holds_the_current_pose(bad: str | None) -> None:
     policy = DotFollower(horizon=4)
     q = np.array([0.3, -0.7, 1.0])
     img = {None: frame(None), "no dot": frame(None), "chw": np.zeros((3, 8, 8), np.float32)}[bad]
-    rows = policy.infer({"observations": [{"top": img}, {"top": img, "joints.pos": q}],
-                         "steps": [1, 4]})
+    rows = policy.infer(
+        {"observations": [{"top": img}, {"top": img, "joints.pos": q}], "steps": [1, 4]}
+    )
     np.testing.assert_array_equal(rows, np.tile(q, (4, 1)))
 
 
@@ -164,10 +169,11 @@ def test_served_demo_answers_like_the_policy() -> None:
         bound.append(endpoint)
         listening.set()
 
-    server = threading.Thread(target=serve, args=("robotd.demo:DotFollower",
-                                                  f"ipc://{sockdir}/w.sock"),
-                              kwargs={"policy_kwargs": {"horizon": "5"}, "ready": ready,
-                                      "stop": stop})
+    server = threading.Thread(
+        target=serve,
+        args=("robotd.demo:DotFollower", f"ipc://{sockdir}/w.sock"),
+        kwargs={"policy_kwargs": {"horizon": "5"}, "ready": ready, "stop": stop},
+    )
     server.start()
     p0, p1 = np.array([1.0, 0.5]), np.array([1.02, 0.49])
     q = np.array([*g.inverse(p1), 0.1])

@@ -90,8 +90,9 @@ def test_every_filter_is_accepted_up_and_down(filt: str) -> None:
 
 def test_the_filter_reaches_the_resampler() -> None:
     frame = noise(40, 60)
-    outs = {f: fit(frame, Camera(width=45, height=30, filter=f)) for f in ("area", "linear",
-                                                                          "cubic")}
+    outs = {
+        f: fit(frame, Camera(width=45, height=30, filter=f)) for f in ("area", "linear", "cubic")
+    }
     assert not np.array_equal(outs["area"], outs["linear"])
     assert not np.array_equal(outs["linear"], outs["cubic"])
 
@@ -287,13 +288,19 @@ def bad_messages() -> list[tuple[str, Any, str]]:
         ("huge width", with_(jpeg, shape=[16, 10**9, 3]), "width 1000000000 out of range"),
         ("jpeg wrong shape", with_(jpeg, shape=[24, 16, 3]), "header says 16x24"),
         ("png wrong shape", with_(png, shape=[16, 25, 3]), "header says 16x24"),
-        ("truncated jpeg", with_(jpeg, data=jpeg["data"][: len(jpeg["data"]) // 2]),
-         "corrupt or truncated jpeg"),
+        (
+            "truncated jpeg",
+            with_(jpeg, data=jpeg["data"][: len(jpeg["data"]) // 2]),
+            "corrupt or truncated jpeg",
+        ),
         ("jpeg header only", with_(jpeg, data=jpeg["data"][:10]), "corrupt jpeg"),
         ("garbage jpeg", with_(jpeg, data=b"\x00" * 100), "corrupt jpeg"),
         ("empty jpeg", with_(jpeg, data=b""), "corrupt jpeg"),
-        ("truncated png", with_(png, data=png["data"][: len(png["data"]) // 2]),
-         "corrupt or truncated png"),
+        (
+            "truncated png",
+            with_(png, data=png["data"][: len(png["data"]) // 2]),
+            "corrupt or truncated png",
+        ),
         ("png labelled jpeg", with_(png, codec="jpeg"), "corrupt jpeg"),
         ("jpeg data not bytes", with_(jpeg, data="abc"), "must be bytes"),
         ("jpeg data array", with_(jpeg, data=np.zeros(10, np.uint8)), "must be bytes"),
@@ -304,10 +311,14 @@ def bad_messages() -> list[tuple[str, Any, str]]:
     ]
 
 
-@pytest.mark.parametrize(("label", "msg", "text"), bad_messages(), ids=lambda v: v
-                         if isinstance(v, str) and len(v) < 30 else "")
-def test_every_bad_message_raises_frame_error_naming_camera(label: str, msg: Any,
-                                                            text: str) -> None:
+@pytest.mark.parametrize(
+    ("label", "msg", "text"),
+    bad_messages(),
+    ids=lambda v: v if isinstance(v, str) and len(v) < 30 else "",
+)
+def test_every_bad_message_raises_frame_error_naming_camera(
+    label: str, msg: Any, text: str
+) -> None:
     with pytest.raises(FrameError) as info:
         decode(msg, name="top")
     assert str(info.value).startswith("camera 'top': ")

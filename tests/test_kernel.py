@@ -179,3 +179,25 @@ def test_bad_chunk_shape_is_counted_not_fatal():
     rig.tick()
     assert rig.k.counters.bad_chunks == 1
     assert rig.events("bad_chunk")[0]["shape"] == [4, 2]
+
+
+def test_delta_mode_moves_arm_by_the_row_and_commands_the_gripper_absolutely():
+    rig = started('control.control_mode="delta"')
+    rig.tick()
+    ask = rig.asks()[0]
+    rows = np.array([[0.05, -0.05, 0.1], [0.05, -0.05, 0.05]])
+    rig.k.deliver(Chunk(ask["id"], ask["wep"], ask["s"], rows))
+    first = rig.tick()
+    assert np.allclose(first, [0.15, 0.15, 0.1])
+    second = rig.tick()
+    assert np.allclose(second, [0.2, 0.1, 0.05])
+    held = rig.tick()  # queue empty: zero motion, gripper keeps its last command
+    assert np.allclose(held, second)
+
+
+def test_starved_episode_reports_the_steps_it_ran():
+    rig = started("control.max_hold_steps=4")
+    for _ in range(4):
+        rig.tick()
+    (end,) = rig.events("episode_end")
+    assert end["outcome"] == "starved" and end["steps"] == 4

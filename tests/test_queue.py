@@ -16,8 +16,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from robotd.control.hold import Hold, Watchdog
 from robotd.control.queue import ActionQueue, QueueConfig
+from robotd.control.watchdog import Watchdog
 
 # one tick: the chunks arriving before its pop, as (lag = t - s, length), and whether it pops
 TICK = st.tuples(
@@ -292,43 +292,6 @@ def test_bad_inputs_raise_clear_errors() -> None:
 def test_config_validation_names_the_field(kwargs, field) -> None:
     with pytest.raises(ValueError, match=rf"QueueConfig\.{field}:"):
         QueueConfig(**kwargs)
-
-
-# ----------------------------------------------------------------------------- hold
-def test_hold_absolute_holds_last_commanded_target() -> None:
-    h = Hold(3, "absolute", grippers=(2,))
-    with pytest.raises(RuntimeError, match="call set_initial"):
-        h.action()
-    h.set_initial(np.array([0.1, 0.2, 0.3]))
-    assert np.array_equal(h.action(), [0.1, 0.2, 0.3])
-    h.commanded(np.array([1.0, 2.0, 3.0]))
-    assert np.array_equal(h.action(), [1.0, 2.0, 3.0])
-    with pytest.raises(ValueError):
-        h.action()[0] = 9.0  # read-only: the caller cannot corrupt the hold
-
-
-@pytest.mark.parametrize("mode", ["delta", "velocity"])
-def test_hold_delta_and_velocity_are_zero_motion_grippers_keep_command(mode) -> None:
-    h = Hold(4, mode, grippers=(1, 3))
-    with pytest.raises(RuntimeError, match="with grippers"):
-        h.action()
-    h.set_initial(np.array([5.0, 0.4, 6.0, 0.7]))
-    assert np.array_equal(h.action(), [0.0, 0.4, 0.0, 0.7])
-    h.commanded(np.array([0.5, 0.9, -0.5, 0.1]))
-    assert np.array_equal(h.action(), [0.0, 0.9, 0.0, 0.1])
-    assert np.array_equal(Hold(2, mode, grippers=()).action(), [0.0, 0.0])
-
-
-def test_hold_rejects_bad_input() -> None:
-    with pytest.raises(ValueError, match="mode"):
-        Hold(2, "torque", ())  # type: ignore[arg-type]
-    with pytest.raises(ValueError, match="gripper dim 2"):
-        Hold(2, "absolute", (2,))
-    h = Hold(2, "absolute", ())
-    with pytest.raises(ValueError, match=r"Hold.commanded: action shape \(3,\)"):
-        h.commanded(np.zeros(3))
-    with pytest.raises(ValueError, match="non-finite"):
-        h.set_initial(np.array([0.0, np.inf]))
 
 
 # ----------------------------------------------------------------------------- watchdog

@@ -101,14 +101,29 @@ def workdir() -> Iterator[Path]:
     shutil.rmtree(path, ignore_errors=True)
 
 
-def run_daemon(run_dir: Path, *overrides: str, worker: str | None = None,
-               pythonpath: Path | None = None) -> dict[str, Any]:
+def run_daemon(
+    run_dir: Path, *overrides: str, worker: str | None = None, pythonpath: Path | None = None
+) -> dict[str, Any]:
     """`robotd run` for DURATION_S on config/sim.toml in realtime timing; its summary."""
     summary = run_dir / "summary.json"
-    argv = [sys.executable, "-m", "robotd", "run", "--config", str(ROOT / "config" / "sim.toml"),
-            "--set", 'control.timing="realtime"', "--set", f'runtime.dir="{run_dir}"',
-            "--duration", str(DURATION_S), "--summary", str(summary), "--no-status",
-            *(a for o in overrides for a in ("--set", o))]
+    argv = [
+        sys.executable,
+        "-m",
+        "robotd",
+        "run",
+        "--config",
+        str(ROOT / "config" / "sim.toml"),
+        "--set",
+        'control.timing="realtime"',
+        "--set",
+        f'runtime.dir="{run_dir}"',
+        "--duration",
+        str(DURATION_S),
+        "--summary",
+        str(summary),
+        "--no-status",
+        *(a for o in overrides for a in ("--set", o)),
+    ]
     if worker is not None:
         argv += ["--worker", worker]
     paths = [str(p) for p in (pythonpath, ROOT) if p is not None]
@@ -123,10 +138,22 @@ def test_demo_policy_at_150_ms_through_a_real_worker_keeps_acting(workdir: Path)
     out = workdir / "worker.out"
     with out.open("w") as sink:
         worker = subprocess.Popen(
-            [sys.executable, "-m", "robotd", "serve", "robotd.demo:DotFollower", "--bind",
-             endpoint, "--arg", "latency_ms=150"],
-            cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)}, stdout=sink,
-            stderr=subprocess.STDOUT)
+            [
+                sys.executable,
+                "-m",
+                "robotd",
+                "serve",
+                "robotd.demo:DotFollower",
+                "--bind",
+                endpoint,
+                "--arg",
+                "latency_ms=150",
+            ],
+            cwd=ROOT,
+            env={**os.environ, "PYTHONPATH": str(ROOT)},
+            stdout=sink,
+            stderr=subprocess.STDOUT,
+        )
     try:
         summary = run_daemon(workdir / "a", worker=endpoint)
     finally:
@@ -146,11 +173,17 @@ def run_step_encoder(workdir: Path, name: str, *overrides: str) -> tuple[dict, d
     report = workdir / f"{name}-report.json"
     summary = run_daemon(
         workdir / name,
-        'policy.serve="stepmod:StepEncoder"', f'policy.args.report="{report}"',
-        "policy.args.latency_ms=100", "policy.args.horizon=16", "control.refill_steps=8",
+        'policy.serve="stepmod:StepEncoder"',
+        f'policy.args.report="{report}"',
+        "policy.args.latency_ms=100",
+        "policy.args.horizon=16",
+        "control.refill_steps=8",
         "cameras={}",
-        "joints.options.tau_s=0.001", "joints.options.noise=0.0", *overrides,
-        pythonpath=workdir)
+        "joints.options.tau_s=0.001",
+        "joints.options.noise=0.0",
+        *overrides,
+        pythonpath=workdir,
+    )
     return summary, json.loads(report.read_text())
 
 

@@ -269,7 +269,13 @@ def test_render_rejects_bad_input() -> None:
 
 def make_camera(clock: FakeClock, world: SimWorld, fps: float = 10.0) -> SimCamera:
     cam = SimCamera(
-        "top", 80, 60, fps, SimCamera.Options(), world=world, clock=clock,
+        "top",
+        80,
+        60,
+        fps,
+        SimCamera.Options(),
+        world=world,
+        clock=clock,
         sleep_until=clock.sleep_until,
     )
     cam.open()

@@ -21,8 +21,9 @@ def test_unit_file_verifies(tmp_path):
     text = UNIT.read_text().replace("/opt/robotd", str(REPO))
     unit = tmp_path / "robotd.service"
     unit.write_text(text)
-    out = subprocess.run(["systemd-analyze", "verify", str(unit)], capture_output=True, text=True,
-                         timeout=60)
+    out = subprocess.run(
+        ["systemd-analyze", "verify", str(unit)], capture_output=True, text=True, timeout=60
+    )
     assert out.returncode == 0, out.stderr
     assert "Type=notify" in text and "WatchdogSec=" in text
 
@@ -76,8 +77,11 @@ def test_watchdog_is_petted_only_while_the_control_loop_ticks(tmp_path):
             pass
         while "WATCHDOG=1" not in sock.recv(1024).decode():
             pass
-        (control,) = [p for p in processes_mentioning(str(d.dir))
-                      if "robotd.control.process" in Path(f"/proc/{p}/cmdline").read_text()]
+        (control,) = [
+            p
+            for p in processes_mentioning(str(d.dir))
+            if "robotd.control.process" in Path(f"/proc/{p}/cmdline").read_text()
+        ]
         os.kill(control, signal.SIGSTOP)  # the loop stops ticking
         try:
             sock.settimeout(0.3)

@@ -22,11 +22,13 @@ WIDE = {"lower": [-1e6] * 3, "upper": [1e6] * 3}  # no limit near any encoded st
 def bare_config(**control: Any) -> Config:
     """Three joints, no grippers, no cameras, no velocity limit: a row's value reaches the
     joints unchanged, so a played target can be read back as the step it encodes."""
-    return config_from_dict({
-        "robot": {"start": "episode"},
-        "control": {"hz": HZ, **control},
-        "joints": {"driver": "sim", "names": ["a", "b", "c"], **WIDE},
-    })
+    return config_from_dict(
+        {
+            "robot": {"start": "episode"},
+            "control": {"hz": HZ, **control},
+            "joints": {"driver": "sim", "names": ["a", "b", "c"], **WIDE},
+        }
+    )
 
 
 class StepEncoder:
@@ -174,8 +176,15 @@ class DotSeer:
 
 
 def test_a_camera_shows_the_frame_of_its_newest_capture_time() -> None:
-    cfg = load_config(None, ['control.timing="sync"', "cameras.top.fps=10",
-                             'joints.lower=[-3.0, -3.0, 0.0]', 'joints.upper=[3.0, 3.0, 1.0]'])
+    cfg = load_config(
+        None,
+        [
+            'control.timing="sync"',
+            "cameras.top.fps=10",
+            "joints.lower=[-3.0, -3.0, 0.0]",
+            "joints.upper=[3.0, 3.0, 1.0]",
+        ],
+    )
     policy = DotSeer()
     run_virtual(cfg, policy, steps=30, latency_s=0.0)
     assert sorted(policy.seen) == list(range(30))

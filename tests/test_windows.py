@@ -26,8 +26,9 @@ ALL_KEYS = ("a", "b", "c", "d", "top", "wrist")
 Schedule = tuple[str, Any]
 
 
-def reference(schedules: dict[str, Schedule], pad: str, t: int, prev: int | None
-              ) -> dict[int, set[str]]:
+def reference(
+    schedules: dict[str, Schedule], pad: str, t: int, prev: int | None
+) -> dict[int, set[str]]:
     """Obviously-correct: for each candidate step, ask each key whether it is read there."""
     lowest = min([0] + [t + min(v) for kind, v in schedules.values() if kind == "at"])
     out: dict[int, set[str]] = {t: set()}
@@ -71,15 +72,21 @@ def cases(draw: st.DrawFn) -> tuple[dict[str, Schedule], str, str, float, int, i
     schedules = draw(st.dictionaries(st.sampled_from(ALL_KEYS), schedule, min_size=1))
     t = draw(st.integers(0, 80))
     prev = draw(st.none() | st.integers(0, t - 1)) if t > 0 else None
-    return (schedules, draw(st.sampled_from(["repeat_first", "drop"])),
-            draw(st.sampled_from(["steps", "seconds"])), draw(st.sampled_from([7.0, 30.0, 50.0])),
-            t, prev)
+    return (
+        schedules,
+        draw(st.sampled_from(["repeat_first", "drop"])),
+        draw(st.sampled_from(["steps", "seconds"])),
+        draw(st.sampled_from([7.0, 30.0, 50.0])),
+        t,
+        prev,
+    )
 
 
 @settings(max_examples=200, deadline=None)
 @given(cases())
-def test_plan_matches_reference(case: tuple[dict[str, Schedule], str, str, float, int, Any]
-                                ) -> None:
+def test_plan_matches_reference(
+    case: tuple[dict[str, Schedule], str, str, float, int, Any],
+) -> None:
     schedules, pad, unit, hz, t, prev = case
     planner = WindowPlanner(contract(schedules, pad, unit, hz).resolve(hz), ALL_KEYS)
     window = planner.plan(t, prev)
@@ -151,8 +158,11 @@ def test_padded_steps_share_step_zero() -> None:
     p = planner_for(top=Stream(at=[-6, -3, 0]), a=Stream(at=[-1, 0]))
     assert p.needed(1, None) == {0: frozenset({"top", "a"}), 1: frozenset({"top", "a"})}
     assert upload_keys_plan(p, 4, None) == {
-        0: frozenset({"top"}), 1: frozenset({"top"}), 3: frozenset({"a"}),
-        4: frozenset({"top", "a"})}
+        0: frozenset({"top"}),
+        1: frozenset({"top"}),
+        3: frozenset({"a"}),
+        4: frozenset({"top", "a"}),
+    }
 
 
 def test_assemble_hands_each_step_its_own_keys() -> None:
@@ -167,8 +177,12 @@ def test_assemble_hands_each_step_its_own_keys() -> None:
     out = assemble(w, lookup)
     assert out == {
         "steps": [-1, 0, 2, 3],
-        "observations": [{"top": "top@0"}, {"a": "a@0"}, {"a": "a@2"},
-                         {"a": "a@3", "b": "b@3", "top": "top@3"}],
+        "observations": [
+            {"top": "top@0"},
+            {"a": "a@0"},
+            {"a": "a@2"},
+            {"a": "a@3", "b": "b@3", "top": "top@3"},
+        ],
     }
     assert all(step >= 0 for step, _ in asked)
 
@@ -205,5 +219,4 @@ def test_predict_next_ask_realtime() -> None:
     # A chunk wholly in the past leaves an empty queue: ask on arrival.
     assert predict_next_ask_realtime(130, 0, 4, **kw) == 130
     assert predict_next_ask_realtime(101, 0, 4, in_flight_from=100, latency_steps=3) == 103
-    assert predict_next_ask("realtime", now=100, prev_act=90, queue_len=12,
-                            refill_steps=4) == 108
+    assert predict_next_ask("realtime", now=100, prev_act=90, queue_len=12, refill_steps=4) == 108

@@ -12,8 +12,20 @@ import pytest
 from robotd import wire
 from robotd.wire import WireError, packb, unpackb
 
-DTYPES = ["bool", "int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64",
-          "float16", "float32", "float64"]
+DTYPES = [
+    "bool",
+    "int8",
+    "int16",
+    "int32",
+    "int64",
+    "uint8",
+    "uint16",
+    "uint32",
+    "uint64",
+    "float16",
+    "float32",
+    "float64",
+]
 
 
 def _ext(payload: bytes, code: int = wire.ARRAY_EXT) -> bytes:
@@ -22,7 +34,8 @@ def _ext(payload: bytes, code: int = wire.ARRAY_EXT) -> bytes:
 
 def _header(dtype: str, shape: tuple[int, ...]) -> bytes:
     return struct.pack("<8sQ", dtype.encode(), len(shape)) + b"".join(
-        struct.pack("<Q", n) for n in shape)
+        struct.pack("<Q", n) for n in shape
+    )
 
 
 @pytest.mark.parametrize("dtype", DTYPES)

@@ -95,13 +95,16 @@ def sockdir() -> Iterator[Path]:
 def _start(sockdir: Path, policy: str, name: str, kwargs: dict[str, str]) -> Iterator[str]:
     # A directory that does not exist yet: serve must create it.
     endpoint = f"ipc://{sockdir}/{name}/worker.sock"
-    code = ("import sys; from robotd.worker.server import serve; "
-            f"serve({policy!r}, {endpoint!r}, policy_kwargs={kwargs!r})")
+    code = (
+        "import sys; from robotd.worker.server import serve; "
+        f"serve({policy!r}, {endpoint!r}, policy_kwargs={kwargs!r})"
+    )
     env = {**os.environ, "PYTHONPATH": f"{sockdir}{os.pathsep}{ROOT}"}
     out = sockdir / f"{name}.out"
     with out.open("w") as sink:
-        proc = subprocess.Popen([sys.executable, "-c", code], env=env, stdout=sink,
-                                stderr=subprocess.STDOUT)
+        proc = subprocess.Popen(
+            [sys.executable, "-c", code], env=env, stdout=sink, stderr=subprocess.STDOUT
+        )
     try:
         yield endpoint
     finally:
@@ -113,7 +116,7 @@ def _start(sockdir: Path, policy: str, name: str, kwargs: dict[str, str]) -> Ite
             proc.wait()
         assert f"listening on {endpoint}" in out.read_text()
         assert proc.returncode == 0, out.read_text()  # SIGTERM: a clean stop
-        assert not Path(endpoint[len("ipc://"):]).exists()
+        assert not Path(endpoint[len("ipc://") :]).exists()
 
 
 @pytest.fixture(scope="module")
@@ -134,7 +137,8 @@ def test_hello_returns_the_contract(windowed: str, bare: str) -> None:
             await client.close()
             if has_contract:
                 assert hello.observations == Observations.from_wire(
-                    {"streams": {"x": {"at": [-1, 0]}}})
+                    {"streams": {"x": {"at": [-1, 0]}}}
+                )
                 assert hello.actions == Actions(key="rows", hz=10, open_loop_horizon=2)
                 assert hello.policy == "policies_mod:Windowed"
             else:
@@ -193,8 +197,9 @@ def test_policy_without_contract_gets_its_own_observation(bare: str) -> None:
         ("nokey", "bad_actions", "no field 'rows'"),
     ],
 )
-def test_policy_failures_are_error_replies(windowed: str, mode: str, code: str,
-                                           needle: str) -> None:
+def test_policy_failures_are_error_replies(
+    windowed: str, mode: str, code: str, needle: str
+) -> None:
     async def main() -> None:
         client = PolicyClient(windowed, timeout_s=20)
         await client.connect()
@@ -222,21 +227,66 @@ def _raw_request(sock: zmq.Socket, body: bytes) -> dict[str, Any]:
         (wire.packb({"id": "x", "cmd": "hello"}), "bad_request", "field 'id'"),
         (wire.packb({"id": 1, "cmd": "fly"}), "unknown_command", "'fly'"),
         (wire.packb({"id": 1}), "bad_request", "field 'cmd'"),
-        (wire.packb({"id": 1, "cmd": "act", "episode": "M", "steps": [0],
-                     "observations": [{}]}), "bad_request", "field 'step'"),
-        (wire.packb({"id": 1, "cmd": "act", "episode": "M", "step": 2, "steps": [1, 2],
-                     "observations": [{}]}), "bad_request", "field 'observations'"),
-        (wire.packb({"id": 1, "cmd": "act", "episode": "M", "step": 2, "steps": [2, 1],
-                     "observations": [{}, {}]}), "bad_request", "strictly ascending"),
-        (wire.packb({"id": 1, "cmd": "act", "episode": "M", "step": 3, "steps": [1, 2],
-                     "observations": [{}, {}]}), "bad_request", "act's own step"),
-        (wire.packb({"id": 1, "cmd": "act", "episode": 5, "step": 0, "steps": [0],
-                     "observations": [{}]}), "bad_request", "field 'episode'"),
+        (
+            wire.packb({"id": 1, "cmd": "act", "episode": "M", "steps": [0], "observations": [{}]}),
+            "bad_request",
+            "field 'step'",
+        ),
+        (
+            wire.packb(
+                {
+                    "id": 1,
+                    "cmd": "act",
+                    "episode": "M",
+                    "step": 2,
+                    "steps": [1, 2],
+                    "observations": [{}],
+                }
+            ),
+            "bad_request",
+            "field 'observations'",
+        ),
+        (
+            wire.packb(
+                {
+                    "id": 1,
+                    "cmd": "act",
+                    "episode": "M",
+                    "step": 2,
+                    "steps": [2, 1],
+                    "observations": [{}, {}],
+                }
+            ),
+            "bad_request",
+            "strictly ascending",
+        ),
+        (
+            wire.packb(
+                {
+                    "id": 1,
+                    "cmd": "act",
+                    "episode": "M",
+                    "step": 3,
+                    "steps": [1, 2],
+                    "observations": [{}, {}],
+                }
+            ),
+            "bad_request",
+            "act's own step",
+        ),
+        (
+            wire.packb(
+                {"id": 1, "cmd": "act", "episode": 5, "step": 0, "steps": [0], "observations": [{}]}
+            ),
+            "bad_request",
+            "field 'episode'",
+        ),
         (wire.packb({"id": 1, "cmd": "end_episode"}), "bad_request", "field 'episode'"),
     ],
 )
-def test_malformed_requests_get_error_replies(windowed: str, body: bytes, code: str,
-                                              needle: str) -> None:
+def test_malformed_requests_get_error_replies(
+    windowed: str, body: bytes, code: str, needle: str
+) -> None:
     ctx = zmq.Context()
     sock = ctx.socket(zmq.DEALER)
     sock.setsockopt(zmq.LINGER, 0)
@@ -245,8 +295,14 @@ def test_malformed_requests_get_error_replies(windowed: str, body: bytes, code: 
         reply = _raw_request(sock, body)
         assert reply["ok"] is False
         assert reply["error"]["code"] == code and needle in reply["error"]["message"]
-        good = {"id": 42, "cmd": "act", "episode": "M", "step": 3, "steps": [3],
-                "observations": [{"x": 2.0}]}
+        good = {
+            "id": 42,
+            "cmd": "act",
+            "episode": "M",
+            "step": 3,
+            "steps": [3],
+            "observations": [{"x": 2.0}],
+        }
         answer = _raw_request(sock, wire.packb(good))
         assert answer["id"] == 42 and answer["ok"] is True
         assert answer["result"]["actions"].shape == (2, 5)
@@ -284,6 +340,7 @@ def test_socket_answers_while_the_policy_computes(windowed: str, sockdir: Path) 
         await client.connect()
         with anyio.fail_after(20):
             async with anyio.create_task_group() as tg:
+
                 async def slow_act() -> None:
                     result = await client.act("S1", 1, [1], [{"mode": "fifo", "fifo": str(fifo)}])
                     assert result.step == 1
@@ -332,15 +389,29 @@ class _FakeWorker:
 
 
 def _hello_reply(req: dict) -> dict:
-    return {"id": req["id"], "ok": True, "result": {
-        "protocol": 1, "contract": {"observations": None, "actions": None},
-        "endpoints": {"observe": None}, "policy": "fake:P"}}
+    return {
+        "id": req["id"],
+        "ok": True,
+        "result": {
+            "protocol": 1,
+            "contract": {"observations": None, "actions": None},
+            "endpoints": {"observe": None},
+            "policy": "fake:P",
+        },
+    }
 
 
 def _act_reply(req: dict, value: float) -> dict:
-    return {"id": req["id"], "ok": True, "result": {
-        "actions": np.full((2, 3), value), "timing": {"infer_ms": 1.0, "queue_ms": 0.0},
-        "step": req["step"], "episode": req["episode"]}}
+    return {
+        "id": req["id"],
+        "ok": True,
+        "result": {
+            "actions": np.full((2, 3), value),
+            "timing": {"infer_ms": 1.0, "queue_ms": 0.0},
+            "step": req["step"],
+            "episode": req["episode"],
+        },
+    }
 
 
 def test_timeout_against_a_worker_that_never_answers(sockdir: Path) -> None:
@@ -428,12 +499,32 @@ def test_late_reply_is_dropped_and_the_next_one_matched(sockdir: Path) -> None:
 @pytest.mark.parametrize(
     ("reply", "needle"),
     [
-        ({"ok": True, "result": {"actions": np.zeros(3), "step": 1, "episode": "E",
-                                 "timing": {}}}, "field 'actions'"),
-        ({"ok": True, "result": {"actions": np.zeros((1, 2)), "step": 7, "episode": "E",
-                                 "timing": {}}}, "field 'step'"),
-        ({"ok": True, "result": {"actions": np.zeros((1, 2)), "step": 1, "episode": "E",
-                                 "timing": {"infer_ms": "slow"}}}, "field 'timing.infer_ms'"),
+        (
+            {
+                "ok": True,
+                "result": {"actions": np.zeros(3), "step": 1, "episode": "E", "timing": {}},
+            },
+            "field 'actions'",
+        ),
+        (
+            {
+                "ok": True,
+                "result": {"actions": np.zeros((1, 2)), "step": 7, "episode": "E", "timing": {}},
+            },
+            "field 'step'",
+        ),
+        (
+            {
+                "ok": True,
+                "result": {
+                    "actions": np.zeros((1, 2)),
+                    "step": 1,
+                    "episode": "E",
+                    "timing": {"infer_ms": "slow"},
+                },
+            },
+            "field 'timing.infer_ms'",
+        ),
         ({"ok": "yes"}, "field 'ok'"),
         ({"ok": False, "error": "bad"}, "field 'error'"),
     ],
@@ -464,13 +555,33 @@ def test_malformed_act_reply_names_the_field(sockdir: Path, reply: dict, needle:
     ("result", "needle"),
     [
         ({"protocol": 2}, "field 'protocol'"),
-        ({"protocol": 1, "contract": {"observations": {"streams": {"x": {"at": [3]}}},
-                                      "actions": None},
-          "endpoints": {}, "policy": "p"}, "contract.observations.streams['x'].at"),
-        ({"protocol": 1, "contract": {"observations": None, "actions": None},
-          "endpoints": {"observe": 3}, "policy": "p"}, "field 'endpoints'"),
-        ({"protocol": 1, "contract": {"observations": None, "actions": None},
-          "endpoints": {}, "policy": None}, "field 'policy'"),
+        (
+            {
+                "protocol": 1,
+                "contract": {"observations": {"streams": {"x": {"at": [3]}}}, "actions": None},
+                "endpoints": {},
+                "policy": "p",
+            },
+            "contract.observations.streams['x'].at",
+        ),
+        (
+            {
+                "protocol": 1,
+                "contract": {"observations": None, "actions": None},
+                "endpoints": {"observe": 3},
+                "policy": "p",
+            },
+            "field 'endpoints'",
+        ),
+        (
+            {
+                "protocol": 1,
+                "contract": {"observations": None, "actions": None},
+                "endpoints": {},
+                "policy": None,
+            },
+            "field 'policy'",
+        ),
     ],
 )
 def test_malformed_hello_reply_names_the_field(sockdir: Path, result: dict, needle: str) -> None:
@@ -502,16 +613,18 @@ def test_malformed_hello_reply_names_the_field(sockdir: Path, result: dict, need
         ("policies_mod:Broken", {}, "constructor failed: RuntimeError: no GPU"),
     ],
 )
-def test_policy_load_errors_name_the_problem(sockdir: Path, monkeypatch: pytest.MonkeyPatch,
-                                             spec: str, kwargs: dict, needle: str) -> None:
+def test_policy_load_errors_name_the_problem(
+    sockdir: Path, monkeypatch: pytest.MonkeyPatch, spec: str, kwargs: dict, needle: str
+) -> None:
     monkeypatch.syspath_prepend(str(sockdir))
     with pytest.raises(PolicyLoadError) as err:
         PolicyHost(spec, kwargs)
     assert needle in str(err.value)
 
 
-def test_failed_reset_is_retried_and_episodes_bookkept(sockdir: Path,
-                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+def test_failed_reset_is_retried_and_episodes_bookkept(
+    sockdir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.syspath_prepend(str(sockdir))
     host = PolicyHost("policies_mod:Windowed", {"gain": "2"})
     assert host.policy.gain == 2.0
@@ -526,7 +639,8 @@ def test_failed_reset_is_retried_and_episodes_bookkept(sockdir: Path,
     with pytest.raises(PolicyCallError) as err:
         host.begin("R1")
     assert err.value.code == "policy_error" and "reset() raised OSError: camera busy" in str(
-        err.value)
+        err.value
+    )
     host.begin("R1")  # tried again, now it works
     host.begin("R1")  # same episode: no second reset
     assert host.policy.resets == 1 and host.current == "R1"

@@ -56,9 +56,7 @@ class SimArm(JointDriver):
         if len(set(names)) != len(names):
             raise ValueError(f"SimArm: joint names must be unique, got {names!r}")
         if world is not None and world.n_joints != len(names):
-            raise ValueError(
-                f"SimArm: world has {world.n_joints} joints, names has {len(names)}"
-            )
+            raise ValueError(f"SimArm: world has {world.n_joints} joints, names has {len(names)}")
         self.names = names
         self.options = options
         self._clock = clock

@@ -30,8 +30,14 @@ _VERSION = 1
 _HEADER = 64
 _SNAPSHOT_TRIES = 10_000  # a writer stuck mid-publish (dead) must not hang a reader
 _HEADER_DTYPE = np.dtype(
-    [("magic", "S8"), ("version", "=u4"), ("n", "=u4"), ("t0", "=i8"), ("seq", "=u8"),
-     ("time", "=i8")]
+    [
+        ("magic", "S8"),
+        ("version", "=u4"),
+        ("n", "=u4"),
+        ("t0", "=i8"),
+        ("seq", "=u8"),
+        ("time", "=i8"),
+    ]
 )
 
 

@@ -19,10 +19,11 @@ import numpy as np
 
 from drivers.base import JointState
 from robotd.config import Config
+from robotd.control.counters import AskLatency, Counters
 from robotd.control.episode import CommandRefused, EpisodeMachine, State
-from robotd.control.histogram import LatencyHistogram
 from robotd.control.queue import ActionQueue, QueueConfig
 from robotd.control.shield import REJECTED, Shield
+from robotd.control.watchdog import Watchdog
 
 Emit = Callable[[dict[str, Any]], None]
 
@@ -35,54 +36,6 @@ class Chunk:
     wep: str
     step: int
     rows: np.ndarray
-
-
-@dataclass(slots=True)
-class Counters:
-    ticks: int = 0
-    steps: int = 0
-    episodes: int = 0
-    acts: int = 0
-    act_failures: int = 0
-    chunks: int = 0
-    late_chunks: int = 0  # answers to an ask no longer in flight (episode changed)
-    holds: int = 0
-    max_consecutive_holds: int = 0
-    starved_episodes: int = 0
-    episode_resets: int = 0
-    invalid_observations: int = 0
-    driver_errors: int = 0
-    bad_chunks: int = 0
-    stale_rows_played: int = 0  # realtime: rows played after the step they were meant for
-
-
-class AskLatency:
-    """Ask → merge latency of every merged chunk, in control steps (exact counts) and in
-    ns of the tick clock (a LatencyHistogram); `summary()` gives p50/p99 of each."""
-
-    def __init__(self) -> None:
-        self.steps: dict[int, int] = {}
-        self.ns = LatencyHistogram()
-
-    def add(self, steps: int, ns: int) -> None:
-        self.steps[steps] = self.steps.get(steps, 0) + 1
-        self.ns.add(ns)
-
-    def _steps_percentile(self, q: float) -> int:
-        rank, seen = max(1, -(-self.ns.count * q // 100)), 0  # nearest rank
-        for value in sorted(self.steps):
-            seen += self.steps[value]
-            if seen >= rank:
-                return value
-        return 0
-
-    def summary(self) -> dict[str, Any]:
-        """{"count", "steps": {"p50", "p99"}, "ms": {"p50", "p99"}}; zeros when empty."""
-        return {
-            "count": self.ns.count,
-            "steps": {"p50": self._steps_percentile(50), "p99": self._steps_percentile(99)},
-            "ms": {"p50": self.ns.percentile(50) / 1e3, "p99": self.ns.percentile(99) / 1e3},
-        }
 
 
 class Kernel:
@@ -141,7 +94,9 @@ class Kernel:
         self._ask_id = 0
         self._retry_at_tick = 0  # after a failed act, wait before asking again
         self._pending: list[Chunk] = []
-        self._consecutive_holds = 0
+        self.watchdog = Watchdog(cfg.control.max_hold_steps)
+        self._grippers = list(cfg.joints.gripper_indices())
+        self._end_after_tick = ""  # an outcome decided mid-tick, applied once the step is counted
         self._driver_fail_run = 0
         self.torque_on = True
         self._torque_off_at_tick: int | None = None
@@ -265,7 +220,10 @@ class Kernel:
         self.step += 1
         self.counters.steps += 1
         limit = self.cfg.control.max_steps
-        if limit and self.step >= limit:
+        if self._end_after_tick:
+            self._end_episode(self._end_after_tick)
+            self._end_after_tick = ""
+        elif limit and self.step >= limit:
             self._end_episode("max_steps")
         return target
 
@@ -370,11 +328,13 @@ class Kernel:
 
     def _play(self, row: np.ndarray) -> np.ndarray:
         mode = self.cfg.control.control_mode
-        last = self.shield.last
-        if mode == "delta":
-            row = last + row
-        elif mode == "velocity":
-            row = last + row * self.dt
+        if mode != "absolute":
+            # Arm joints move by the row (delta, or velocity × dt); grippers are commanded
+            # absolutely in every mode, as policies trained on delta actions expect.
+            step = row if mode == "delta" else row * self.dt
+            absolute = row
+            row = self.shield.last + step
+            row[self._grippers] = absolute[self._grippers]
         verdict = self.shield.check(row)
         if verdict.outcome != "ok":
             self.emit(
@@ -392,7 +352,7 @@ class Kernel:
                     f"{self.cfg.safety.reject_run} rejected actions in a row: {verdict.reason}",
                 )
             return self._held(self.step, count_watchdog=False)
-        self._consecutive_holds = 0
+        self.watchdog.played()
         return verdict.target
 
     def _held(self, step: int | None, count_watchdog: bool = True) -> np.ndarray | None:
@@ -400,13 +360,11 @@ class Kernel:
         if step is None:
             return target if self.torque_on else None
         self.counters.holds += 1
-        if count_watchdog:
-            self._consecutive_holds += 1
-            c = self.counters
-            c.max_consecutive_holds = max(c.max_consecutive_holds, self._consecutive_holds)
-            if self._consecutive_holds >= self.cfg.control.max_hold_steps:
-                self.counters.starved_episodes += 1
-                self._end_episode("starved")
+        if count_watchdog and self.watchdog.held():
+            self.counters.starved_episodes += 1
+            self._end_after_tick = "starved"
+        c = self.counters
+        c.max_consecutive_holds = max(c.max_consecutive_holds, self.watchdog.max_consecutive)
         return target if self.torque_on else None
 
     def _driver_trouble(self) -> np.ndarray | None:
@@ -430,7 +388,7 @@ class Kernel:
         if not already_started:
             self.machine.start()
         self.counters.episodes += 1
-        self._consecutive_holds = 0
+        self.watchdog.reset()
         self.queue.flush()
         self._new_worker_episode()
         self._event("episode_start", episode=self.machine.episode, wep=self.wep)

@@ -32,12 +32,32 @@ PROTOCOL = 1
 
 class PolicyError(Exception):
     """The worker refused a request (`code` from its reply) or broke the protocol
-    (`code` "bad_reply")."""
+    (`code` "bad_reply"). `detail` holds the error's other fields (e.g. `missing`)."""
 
-    def __init__(self, code: str, message: str) -> None:
+    def __init__(self, code: str, message: str, detail: dict[str, Any] | None = None) -> None:
         super().__init__(f"{code}: {message}")
         self.code = code
         self.message = message
+        self.detail = detail or {}
+
+    def missing(self) -> list[tuple[int, str, str]]:
+        """For code "missing_steps": the (step, key, reason) triples the worker named;
+        PolicyError "bad_reply" if the list is malformed."""
+        out = []
+        for item in self.detail.get("missing", []):
+            ok = (
+                isinstance(item, list)
+                and len(item) == 3
+                and isinstance(item[0], int)
+                and not isinstance(item[0], bool)
+                and item[0] >= 0
+                and isinstance(item[1], str)
+                and isinstance(item[2], str)
+            )
+            if not ok:
+                raise _bad("act", f"field 'error.missing': bad entry {item!r:.100}")
+            out.append((item[0], item[1], item[2]))
+        return out
 
 
 @dataclass(slots=True)
@@ -48,6 +68,7 @@ class Handshake:
     actions: Actions | None
     endpoints: dict[str, str | None]
     policy: str
+    limits: dict[str, int] | None = None  # the worker's frame store limits, if it says
 
 
 @dataclass(slots=True)
@@ -91,9 +112,13 @@ class PolicyClient:
         # under a pending send or poll would otherwise cancel the task from outside anyio.
         self._poll_scope: anyio.CancelScope | None = None
         self._send_scope: anyio.CancelScope | None = None
+        self.bytes_sent = 0  # request bytes sent, for the benchmarks
+        self.last_request_bytes = 0
 
-    async def connect(self) -> Handshake:
-        """Connect and say hello; returns the worker's contract and endpoints."""
+    async def connect(self, *, observe: bool = False) -> Handshake:
+        """Connect and say hello; returns the worker's contract and endpoints. `observe`:
+        this client uploads observations, so ask for the observe endpoint (a worker tells
+        only clients that ask)."""
         if self._sock is None:
             self._ctx = zmq.asyncio.Context()
             sock = self._ctx.socket(zmq.DEALER)
@@ -105,19 +130,66 @@ class PolicyClient:
             sock.connect(self.endpoint)
             self._sock = sock
             self._raw = zmq.Socket.shadow(sock.underlying)
-        result = await self._request({"cmd": "hello"}, self.timeout_s)
+        hello: dict[str, Any] = {"cmd": "hello", "observe": True} if observe else {"cmd": "hello"}
+        result = await self._request(hello, self.timeout_s)
         return _handshake(result)
 
-    async def act(self, episode: str, step: int, steps: list[int],
-                  observations: list[dict[str, Any]], *,
-                  timeout_s: float | None = None) -> ActResult:
+    async def act(
+        self,
+        episode: str,
+        step: int,
+        steps: list[int],
+        observations: list[dict[str, Any]],
+        *,
+        timeout_s: float | None = None,
+    ) -> ActResult:
         """Ask for a chunk computed from `step`; `steps`/`observations` are the window."""
         started = time.perf_counter()
         result = await self._request(
-            {"cmd": "act", "episode": episode, "step": step, "steps": list(steps),
-             "observations": list(observations)},
+            {
+                "cmd": "act",
+                "episode": episode,
+                "step": step,
+                "steps": list(steps),
+                "observations": list(observations),
+            },
             self.timeout_s if timeout_s is None else timeout_s,
         )
+        rtt_ms = (time.perf_counter() - started) * 1e3
+        return _act_result(result, episode, step, rtt_ms)
+
+    async def act_steps(
+        self,
+        episode: str,
+        step: int,
+        steps: list[int],
+        reads: list[list[str]],
+        *,
+        inline: list[dict[str, Any]] | None = None,
+        release_below: int | None = None,
+        wait_s: float | None = None,
+        timeout_s: float | None = None,
+    ) -> ActResult:
+        """Ask for a chunk computed from `step`, naming the window (`reads[i]`: the keys read
+        at `steps[i]`) that the worker holds from uploads; `inline` carries uploads
+        ({"step", "values", "frames"}) the worker lacks. `release_below`: no later act of
+        the episode reads steps below it. `wait_s`: how long the worker waits for missing
+        steps before answering PolicyError "missing_steps" (see PolicyError.missing)."""
+        message: dict[str, Any] = {
+            "cmd": "act",
+            "episode": episode,
+            "step": step,
+            "steps": list(steps),
+            "reads": [list(r) for r in reads],
+        }
+        if inline:
+            message["inline"] = inline
+        if release_below is not None:
+            message["release_below"] = release_below
+        if wait_s is not None:
+            message["wait_s"] = wait_s
+        started = time.perf_counter()
+        result = await self._request(message, self.timeout_s if timeout_s is None else timeout_s)
         rtt_ms = (time.perf_counter() - started) * 1e3
         return _act_result(result, episode, step, rtt_ms)
 
@@ -146,6 +218,8 @@ class PolicyClient:
         rid = next(self._ids)
         pending = self._pending[rid] = _Pending()
         data = wire.packb({"id": rid, **message})
+        self.bytes_sent += len(data)
+        self.last_request_bytes = len(data)
         try:
             with anyio.fail_after(timeout_s):
                 async with self._send_lock:
@@ -213,8 +287,9 @@ class PolicyClient:
         _settle(pending, reply=reply)
 
 
-def _settle(pending: _Pending, *, reply: dict[str, Any] | None = None,
-            error: PolicyError | None = None) -> None:
+def _settle(
+    pending: _Pending, *, reply: dict[str, Any] | None = None, error: PolicyError | None = None
+) -> None:
     pending.reply, pending.error, pending.done = reply, error, True
     pending.wake.set()
 
@@ -239,20 +314,21 @@ def _unwrap(reply: dict[str, Any], cmd: str) -> dict[str, Any]:
     code, message = error.get("code"), error.get("message")
     if not isinstance(code, str) or not isinstance(message, str):
         raise _bad(cmd, f"field 'error': code and message must be strings ({error!r:.200})")
-    raise PolicyError(code, message)
+    detail = {k: v for k, v in error.items() if k not in ("code", "message")}
+    raise PolicyError(code, message, detail)
 
 
 def _handshake(result: dict[str, Any]) -> Handshake:
     if result.get("protocol") != PROTOCOL:
-        raise _bad("hello", f"field 'protocol': {result.get('protocol')!r}, this client "
-                   f"speaks {PROTOCOL}")
+        raise _bad(
+            "hello", f"field 'protocol': {result.get('protocol')!r}, this client speaks {PROTOCOL}"
+        )
     contract = result.get("contract")
     if not isinstance(contract, dict):
         raise _bad("hello", f"field 'contract': not a map ({type(contract).__name__})")
     try:
         obs = contract.get("observations")
-        observations = None if obs is None else Observations.from_wire(
-            obs, "contract.observations")
+        observations = None if obs is None else Observations.from_wire(obs, "contract.observations")
         act = contract.get("actions")
         actions = None if act is None else Actions.from_wire(act, "contract.actions")
     except ContractError as err:
@@ -265,7 +341,26 @@ def _handshake(result: dict[str, Any]) -> Handshake:
     policy = result.get("policy")
     if not isinstance(policy, str):
         raise _bad("hello", f"field 'policy': not a string ({policy!r:.100})")
-    return Handshake(observations, actions, dict(endpoints), policy)
+    limits = result.get("limits")
+    if limits is not None and not (
+        isinstance(limits, dict)
+        and all(isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in limits.values())
+    ):
+        raise _bad("hello", f"field 'limits': not a map of name -> integer > 0 ({limits!r:.100})")
+    return Handshake(observations, actions, dict(endpoints), policy, limits)
+
+
+def observe_address(observe: str, act_endpoint: str) -> str:
+    """The observe endpoint to connect to: a tcp wildcard host (0.0.0.0, *, ::) that the
+    worker bound is replaced by the host the act endpoint named."""
+    prefix = "tcp://"
+    if not (observe.startswith(prefix) and act_endpoint.startswith(prefix)):
+        return observe
+    host, _, port = observe[len(prefix) :].rpartition(":")
+    if host not in ("0.0.0.0", "*", "[::]", "::"):
+        return observe
+    act_host = act_endpoint[len(prefix) :].rpartition(":")[0]
+    return f"{prefix}{act_host}:{port}"
 
 
 def _act_result(result: dict[str, Any], episode: str, step: int, rtt_ms: float) -> ActResult:

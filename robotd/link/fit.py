@@ -126,7 +126,7 @@ def _crop(frame: np.ndarray, w: int, h: int, interp: int) -> np.ndarray:
     keep_w = min(src_w, max(1, round(w / scale)))
     keep_h = min(src_h, max(1, round(h / scale)))
     x0, y0 = (src_w - keep_w) // 2, (src_h - keep_h) // 2
-    region = frame[y0:y0 + keep_h, x0:x0 + keep_w]
+    region = frame[y0 : y0 + keep_h, x0 : x0 + keep_w]
     if region.shape[:2] == (h, w):
         return np.ascontiguousarray(region)
     return cv2.resize(region, (w, h), interpolation=interp)
@@ -138,12 +138,14 @@ def _pad(frame: np.ndarray, w: int, h: int, interp: int) -> np.ndarray:
     scale = min(w / src_w, h / src_h)
     new_w = min(w, max(1, round(src_w * scale)))
     new_h = min(h, max(1, round(src_h * scale)))
-    inner = frame if (new_w, new_h) == (src_w, src_h) else cv2.resize(
-        frame, (new_w, new_h), interpolation=interp
+    inner = (
+        frame
+        if (new_w, new_h) == (src_w, src_h)
+        else cv2.resize(frame, (new_w, new_h), interpolation=interp)
     )
     out = np.zeros((h, w, 3), dtype=np.uint8)
     x0, y0 = (w - new_w) // 2, (h - new_h) // 2
-    out[y0:y0 + new_h, x0:x0 + new_w] = inner
+    out[y0 : y0 + new_h, x0 : x0 + new_w] = inner
     return out
 
 
@@ -210,9 +212,11 @@ def _check_message(msg: Any, name: str) -> tuple[str, tuple[int, int, int], Any]
         missing = sorted(map(str, _WIRE_KEYS - keys))
         extra = sorted(map(repr, keys - _WIRE_KEYS))
         parts = ([f"missing {', '.join(missing)}"] if missing else []) + (
-            [f"unknown {', '.join(extra)}"] if extra else [])
-        raise FrameError(f"frame message keys: {'; '.join(parts)} "
-                         "(expected codec, shape, data)", name)
+            [f"unknown {', '.join(extra)}"] if extra else []
+        )
+        raise FrameError(
+            f"frame message keys: {'; '.join(parts)} (expected codec, shape, data)", name
+        )
     codec = msg["codec"]
     if not isinstance(codec, str) or codec not in CODECS:
         raise FrameError(f"unknown codec {codec!r} (expected one of {', '.join(CODECS)})", name)
@@ -226,15 +230,19 @@ def _check_shape(shape: Any, name: str) -> tuple[int, int, int]:
         and all(isinstance(n, int | np.integer) and not isinstance(n, bool) for n in shape)
     )
     if not ok:
-        raise FrameError(f"declared shape must be 3 integers [height, width, 3]; got "
-                         f"{_short(shape)}", name)
+        raise FrameError(
+            f"declared shape must be 3 integers [height, width, 3]; got {_short(shape)}", name
+        )
     h, w, c = (int(n) for n in shape)
     if c != 3:
         raise FrameError(f"declared shape {[h, w, c]} has {c} channels (expected 3, RGB)", name)
     for side, n in (("height", h), ("width", w)):
         if not 1 <= n <= MAX_IMAGE_SIDE:
-            raise FrameError(f"declared shape {[h, w, c]}: {side} {n} out of range "
-                             f"(must be 1..{MAX_IMAGE_SIDE})", name)
+            raise FrameError(
+                f"declared shape {[h, w, c]}: {side} {n} out of range "
+                f"(must be 1..{MAX_IMAGE_SIDE})",
+                name,
+            )
     return h, w, c
 
 
@@ -248,17 +256,22 @@ def _decode_raw(data: Any, shape: tuple[int, int, int], name: str) -> np.ndarray
     if isinstance(data, bytes | bytearray | memoryview):
         size = memoryview(data).nbytes
         if size != shape[0] * shape[1] * shape[2]:
-            raise FrameError(f"raw frame of {size} bytes does not match the declared shape "
-                             f"{list(shape)} ({shape[0] * shape[1] * shape[2]} bytes)", name)
+            raise FrameError(
+                f"raw frame of {size} bytes does not match the declared shape "
+                f"{list(shape)} ({shape[0] * shape[1] * shape[2]} bytes)",
+                name,
+            )
         return np.frombuffer(data, dtype=np.uint8).reshape(shape)
     if not isinstance(data, np.ndarray):
-        raise FrameError(f"raw frame data must be an array or bytes, got a "
-                         f"{type(data).__name__}", name)
+        raise FrameError(
+            f"raw frame data must be an array or bytes, got a {type(data).__name__}", name
+        )
     if data.dtype != np.uint8:
         raise FrameError(f"raw frame has dtype {data.dtype} (expected uint8)", name)
     if data.shape != shape:
-        raise FrameError(f"raw frame of shape {data.shape} does not match the declared shape "
-                         f"{list(shape)}", name)
+        raise FrameError(
+            f"raw frame of shape {data.shape} does not match the declared shape {list(shape)}", name
+        )
     return np.ascontiguousarray(data)
 
 
@@ -270,11 +283,13 @@ def _decode_image(codec: str, data: Any, shape: tuple[int, int, int], name: str)
     buf = np.frombuffer(raw, dtype=np.uint8)
     size = _jpeg_size(raw) if codec == "jpeg" else _png_size(raw)
     if size is None:
-        raise FrameError(f"corrupt {codec} data ({buf.size} bytes): no valid image header",
-                         name)
+        raise FrameError(f"corrupt {codec} data ({buf.size} bytes): no valid image header", name)
     if size != shape[:2]:
-        raise FrameError(f"{codec} header says {size[0]}x{size[1]} (HxW) but the declared "
-                         f"shape is {list(shape)}", name)
+        raise FrameError(
+            f"{codec} header says {size[0]}x{size[1]} (HxW) but the declared "
+            f"shape is {list(shape)}",
+            name,
+        )
     try:
         bgr = cv2.imdecode(buf, _IMREAD)
     except cv2.error as err:
@@ -282,8 +297,9 @@ def _decode_image(codec: str, data: Any, shape: tuple[int, int, int], name: str)
     if bgr is None:
         raise FrameError(f"corrupt or truncated {codec} data ({buf.size} bytes)", name)
     if bgr.shape != shape:
-        raise FrameError(f"decoded {codec} frame has shape {bgr.shape}, declared "
-                         f"{list(shape)}", name)
+        raise FrameError(
+            f"decoded {codec} frame has shape {bgr.shape}, declared {list(shape)}", name
+        )
     return cv2.cvtColor(bgr, cv2.COLOR_BGR2RGB)
 
 
@@ -320,7 +336,7 @@ def _jpeg_size(data: bytes) -> tuple[int, int] | None:
         if marker in _JPEG_SOF:
             if i + 9 > len(data):
                 return None
-            h, w = struct.unpack(">HH", data[i + 5:i + 9])
+            h, w = struct.unpack(">HH", data[i + 5 : i + 9])
             return h, w
         i += 2 + length
     return None

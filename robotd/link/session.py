@@ -2,9 +2,11 @@
 
 The control lane publishes every step's record and, when its queue runs low, an
 ask naming the step. Here each ask becomes an act: the window the policy declared
-is planned (robotd.link.windows), its steps are resolved from the step ring and the
-shared-memory frame rings, the worker answers, and the chunk goes back down to the
-control lane, named by the ask it answers. Nothing here runs on the control lane.
+is planned (robotd.link.windows); with an observe connection (robotd.link.uplink) the
+act names its steps, which went up ahead of it, and what the worker still lacks goes
+inline on a second try; without one, the window's steps are resolved from the step
+ring and the shared-memory frame rings and sent inline. The chunk goes back down to
+the control lane, named by the ask it answers. Nothing here runs on the control lane.
 """
 
 from __future__ import annotations
@@ -12,16 +14,24 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from robotd.contract import Actions, Observations
-from robotd.link.client import PolicyClient, PolicyError
+from robotd.link.client import ActResult, PolicyClient, PolicyError
 from robotd.link.windows import Window, WindowPlanner, assemble
 from robotd.shm import FrameRing
 
+if TYPE_CHECKING:
+    from robotd.link.uplink import Uplink
+
 log = logging.getLogger("robotd.link")
+
+UPLOAD_COUNTERS = ("uploaded_frames", "uploaded_bytes", "inline_frames", "skipped_frames",
+                   "refused_frames")
+# Error codes after which the worker handed the act to the policy (it released old steps).
+_DISPATCHED = ("policy_error", "bad_actions", "bad_frame")
 
 
 class FrameLost(Exception):
@@ -30,15 +40,36 @@ class FrameLost(Exception):
 
 @dataclass
 class LinkCounters:
+    """The policy link's counters. Frames: camera frames (skipped = declared lost robot-side
+    or given up when behind; refused = the worker would not keep them); bytes: uploads as
+    sent (messages, frames and values)."""
+
     acts: int = 0
     act_errors: int = 0
     skipped_frames: int = 0
+    uploaded_frames: int = 0
+    uploaded_bytes: int = 0
+    inline_frames: int = 0
+    refused_frames: int = 0
     rtt_ms: list[float] | None = None
     infer_ms: list[float] | None = None
 
     def __post_init__(self) -> None:
         self.rtt_ms = []
         self.infer_ms = []
+
+    def uploads(self) -> dict[str, int]:
+        """The upload counters of the summary and telemetry."""
+        return {name: getattr(self, name) for name in UPLOAD_COUNTERS}
+
+
+def step_value(rec: dict[str, Any], key: str) -> np.ndarray:
+    """A non-camera key's value in a step record (the control lane's "step" message)."""
+    if key == "joints.pos":
+        return np.asarray(rec["pos"], dtype=np.float64)
+    if key == "joints.vel":
+        return np.asarray(rec["vel"], dtype=np.float64)
+    raise KeyError(f"unknown observation key {key!r}")
 
 
 class StepRing:
@@ -114,8 +145,21 @@ def resample(rows: np.ndarray, from_hz: float, to_hz: float) -> np.ndarray:
     return np.stack([np.interp(t_dst, t_src, rows[:, d]) for d in range(rows.shape[1])], axis=1)
 
 
+@dataclass(slots=True)
+class _Ask:
+    id: int
+    wep: str
+    step: int
+    window: Window
+    inputs: dict[str, list[Any]] | None = None  # assembled here when sent inline
+
+
 class ActLink:
-    """Answers asks: plan the window, resolve it, act, send the chunk down."""
+    """Answers asks: plan the window, get it to the worker, act, send the chunk down.
+
+    With `uplink`, the act names its window (uploaded ahead) and waits on the worker at
+    most `stream_wait_s` for what has not arrived; without, the window goes inline.
+    """
 
     def __init__(
         self,
@@ -128,6 +172,8 @@ class ActLink:
         control_hz: float,
         actions: Actions | None,
         camera_names: set[str],
+        uplink: Uplink | None = None,
+        stream_wait_s: float = 10.0,
     ) -> None:
         self.client = client
         self.planner = planner
@@ -137,6 +183,8 @@ class ActLink:
         self.control_hz = control_hz
         self.actions = actions
         self.cameras = camera_names
+        self.uplink = uplink
+        self.stream_wait_s = stream_wait_s
         self.counters = LinkCounters()
         self._prev_act: dict[str, int] = {}
 
@@ -147,30 +195,44 @@ class ActLink:
                 raise FrameLost(f"step {step} of episode {wep} is no longer held")
             if key in self.cameras:
                 return self.frames.read(key, rec["cams"].get(key))
-            if key == "joints.pos":
-                return np.asarray(rec["pos"], dtype=np.float64)
-            if key == "joints.vel":
-                return np.asarray(rec["vel"], dtype=np.float64)
-            raise KeyError(f"unknown observation key {key!r}")
+            return step_value(rec, key)
 
         return lookup
 
     def window(self, wep: str, step: int) -> Window:
         return self.planner.plan(step, self._prev_act.get(wep))
 
-    async def on_ask(self, ask: dict[str, Any]) -> None:
+    def begin(self, ask: dict[str, Any]) -> _Ask | None:
+        """The part of an ask done at once, in message order: plan the window and tell the
+        uplink (or read the window out of the rings). None if it failed (reported)."""
         wep, step, ask_id = str(ask["wep"]), int(ask["s"]), int(ask["id"])
+        a = _Ask(ask_id, wep, step, self.window(wep, step))
+        self._prev_act[wep] = step
+        if self.uplink is not None:
+            self.uplink.on_ask(wep, step, int(ask.get("queue", 0)))
+            self.uplink.ensure(wep, a.window.needed())
+            return a
         try:
-            window = self.window(wep, step)
-            inputs = assemble(window, self._lookup(wep))
-            self._prev_act[wep] = step
-            result = await self.client.act(wep, step, list(inputs["steps"]), inputs["observations"])
+            a.inputs = assemble(a.window, self._lookup(wep))
         except FrameLost as exc:
             self.counters.skipped_frames += 1
             self._fail(ask_id, f"window incomplete: {exc}")
+            return None
+        return a
+
+    async def finish(self, a: _Ask) -> None:
+        """Act and send the chunk (or act_failed) down."""
+        try:
+            if a.inputs is not None:
+                result = await self.client.act(a.wep, a.step, list(a.inputs["steps"]),
+                                               a.inputs["observations"])
+            else:
+                result = await self._act_named(a)
+        except FrameLost as exc:
+            self._fail(a.id, f"window incomplete: {exc}")
             return
         except (PolicyError, TimeoutError, OSError) as exc:
-            self._fail(ask_id, f"act failed: {type(exc).__name__}: {exc}")
+            self._fail(a.id, f"act failed: {type(exc).__name__}: {exc}")
             return
         rows = result.actions.astype(np.float64, copy=False)
         if self.actions is not None and self.actions.hz:
@@ -178,7 +240,42 @@ class ActLink:
         self.counters.acts += 1
         self.counters.rtt_ms.append(result.rtt_ms)
         self.counters.infer_ms.append(result.infer_ms)
-        self.send_down({"k": "chunk", "ask": ask_id, "wep": wep, "s": step, "rows": rows})
+        self.send_down({"k": "chunk", "ask": a.id, "wep": a.wep, "s": a.step, "rows": rows})
+
+    async def on_ask(self, ask: dict[str, Any]) -> None:
+        a = self.begin(ask)
+        if a is not None:
+            await self.finish(a)
+
+    async def _act_named(self, a: _Ask) -> ActResult:
+        """The act naming its steps; once more with the missing ones inline if the worker
+        lacks some (FrameLost if those are gone robot-side too)."""
+        assert self.uplink is not None
+        steps = list(a.window.steps)
+        reads = [list(a.window.keys_at[s]) for s in steps]
+        below = self.uplink.release_point(a.step)
+        timeout = self.client.timeout_s + self.stream_wait_s
+        inline: list[dict[str, Any]] | None = None
+        try:
+            for attempt in (1, 2):
+                try:
+                    result = await self.client.act_steps(
+                        a.wep, a.step, steps, reads, inline=inline, release_below=below,
+                        wait_s=self.stream_wait_s, timeout_s=timeout)
+                    break
+                except PolicyError as exc:
+                    if exc.code != "missing_steps" or attempt == 2:
+                        raise
+                    missing = exc.missing()
+                    log.warning("act at step %d: the worker lacks %d uploads (%s); sending "
+                                "them inline", a.step, len(missing), exc.message)
+                    inline = await self.uplink.inline(a.wep, [(s, k) for s, k, _ in missing])
+        except PolicyError as exc:
+            if exc.code in _DISPATCHED:
+                self.uplink.released(a.wep, below)
+            raise
+        self.uplink.released(a.wep, below)
+        return result
 
     def _fail(self, ask_id: int, reason: str) -> None:
         self.counters.act_errors += 1
@@ -187,3 +284,5 @@ class ActLink:
 
     def forget(self, wep: str) -> None:
         self._prev_act.pop(wep, None)
+        if self.uplink is not None:
+            self.uplink.end(wep)

@@ -144,8 +144,9 @@ def assemble(window: Window, lookup: Callable[[int, str], Any]) -> dict[str, lis
     }
 
 
-def predict_next_ask_sync(prev_act: int, open_loop_horizon: int,
-                          chunk_len: int | None = None) -> int:
+def predict_next_ask_sync(
+    prev_act: int, open_loop_horizon: int, chunk_len: int | None = None
+) -> int:
     """Sync mode, exact: the world waits for each act, its chunk plays from `prev_act` for
     min(horizon, chunk length) steps, and the next act is asked when the queue is empty."""
     if open_loop_horizon < 1:
@@ -154,9 +155,15 @@ def predict_next_ask_sync(prev_act: int, open_loop_horizon: int,
     return prev_act + max(rows, 1)
 
 
-def predict_next_ask_realtime(now: int, queue_len: int, refill_steps: int, *,
-                              in_flight_from: int | None = None, latency_steps: float = 0.0,
-                              chunk_len: int | None = None) -> int:
+def predict_next_ask_realtime(
+    now: int,
+    queue_len: int,
+    refill_steps: int,
+    *,
+    in_flight_from: int | None = None,
+    latency_steps: float = 0.0,
+    chunk_len: int | None = None,
+) -> int:
     """Realtime mode, a prediction. The rule assumed: at each step, after merging any
     arrived chunk and before popping that step's row, an act is asked when no act is in
     flight and at most `refill_steps` rows are queued.
@@ -176,10 +183,18 @@ def predict_next_ask_realtime(now: int, queue_len: int, refill_steps: int, *,
     return arrive + max(0, left - refill_steps)
 
 
-def predict_next_ask(mode: Literal["sync", "realtime"], *, now: int, prev_act: int | None,
-                     queue_len: int = 0, open_loop_horizon: int | None = None,
-                     refill_steps: int = 0, in_flight_from: int | None = None,
-                     latency_steps: float = 0.0, chunk_len: int | None = None) -> int:
+def predict_next_ask(
+    mode: Literal["sync", "realtime"],
+    *,
+    now: int,
+    prev_act: int | None,
+    queue_len: int = 0,
+    open_loop_horizon: int | None = None,
+    refill_steps: int = 0,
+    in_flight_from: int | None = None,
+    latency_steps: float = 0.0,
+    chunk_len: int | None = None,
+) -> int:
     """Dispatch to predict_next_ask_sync (needs prev_act and open_loop_horizon; the first
     act of an episode is asked at `now`) or predict_next_ask_realtime."""
     if mode == "sync":
@@ -189,9 +204,14 @@ def predict_next_ask(mode: Literal["sync", "realtime"], *, now: int, prev_act: i
             raise ValueError("sync prediction needs open_loop_horizon")
         return max(now, predict_next_ask_sync(prev_act, open_loop_horizon, chunk_len))
     if mode == "realtime":
-        return predict_next_ask_realtime(now, queue_len, refill_steps,
-                                         in_flight_from=in_flight_from,
-                                         latency_steps=latency_steps, chunk_len=chunk_len)
+        return predict_next_ask_realtime(
+            now,
+            queue_len,
+            refill_steps,
+            in_flight_from=in_flight_from,
+            latency_steps=latency_steps,
+            chunk_len=chunk_len,
+        )
     raise ValueError(f"mode {mode!r} must be 'sync' or 'realtime'")
 
 
@@ -201,9 +221,9 @@ def upload_plan(planner: WindowPlanner, predicted_t: int, prev_act: int | None) 
     return planner.steps_needed(predicted_t, prev_act)
 
 
-def upload_keys_plan(planner: WindowPlanner, predicted_t: int,
-                     prev_act: int | None) -> dict[int, frozenset[str]]:
+def upload_keys_plan(
+    planner: WindowPlanner, predicted_t: int, prev_act: int | None
+) -> dict[int, frozenset[str]]:
     """Like upload_plan, with the keys to send at each step (a camera frame only goes up at
     the steps some window reads it)."""
     return planner.needed(predicted_t, prev_act)
-

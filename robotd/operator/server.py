@@ -25,6 +25,22 @@ from robotd.config import Config
 
 log = logging.getLogger("robotd.operator")
 
+# The control lane's counters that telemetry carries (the summary has them all).
+TELEMETRY_COUNTERS = (
+    "ticks",
+    "missed_ticks",
+    "acts",
+    "chunks",
+    "holds",
+    "max_consecutive_holds",
+    "starved_episodes",
+    "stale_chunks",
+    "rows_dropped",
+    "stale_rows_played",
+    "episode_resets",
+    "interventions",
+    "invalid_observations",
+)
 LANE_COMMANDS = {"start", "stop", "estop", "clear_fault", "reset_done"}
 LOCAL_COMMANDS = {"status", "stats", "params", "verdict"}
 
@@ -160,20 +176,8 @@ class OperatorServer:
                     "state": self.d.state,
                     "hz": s.measured_hz(),
                     "lateness_us": s.lateness(),
-                    "counters": {
-                        k: s.stats.get(k, 0)
-                        for k in (
-                            "ticks",
-                            "missed_ticks",
-                            "acts",
-                            "chunks",
-                            "holds",
-                            "stale_chunks",
-                            "rows_dropped",
-                            "episode_resets",
-                            "interventions",
-                        )
-                    },
+                    "counters": {k: s.stats.get(k, 0) for k in TELEMETRY_COUNTERS},
+                    "ask_latency": s.stats.get("ask_latency"),
                 }
                 with contextlib.suppress(zmq.Again):  # no subscriber keeping up: skip this one
                     await self.pub.send_multipart([b"status", wire.packb(msg)], zmq.NOBLOCK)

@@ -41,6 +41,8 @@ from typing import Any
 import numpy as np
 
 from robotd.contract import Actions, Observations
+from robotd.link.fit import FrameError, decode
+from robotd.worker.store import Frame
 
 log = logging.getLogger("robotd.worker")
 
@@ -53,7 +55,7 @@ class PolicyLoadError(ValueError):
 
 class PolicyCallError(Exception):
     """A call into the policy failed or was refused; `code` is the error reply's code
-    (policy_error, bad_actions, episode_ended) and the message says why."""
+    (policy_error, bad_actions, bad_frame, episode_ended) and the message says why."""
 
     def __init__(self, code: str, message: str) -> None:
         super().__init__(message)
@@ -83,8 +85,9 @@ class PolicyHost:
         try:
             self.policy = cls(**args)
         except Exception as err:
-            raise PolicyLoadError(f"policy {spec!r}: constructor failed: "
-                                  f"{type(err).__name__}: {err}") from err
+            raise PolicyLoadError(
+                f"policy {spec!r}: constructor failed: {type(err).__name__}: {err}"
+            ) from err
         self.observations = _declared(self.policy, "observations", Observations, spec)
         self.actions = _declared(self.policy, "actions", Actions, spec)
         infer = getattr(self.policy, "infer", None)
@@ -92,14 +95,19 @@ class PolicyHost:
             raise PolicyLoadError(f"policy {spec!r}: has no infer(inputs) method")
         self._infer = infer
         self._pass_episode = _accepts_keyword(infer, "episode")
+        streams = self.observations.streams if self.observations is not None else {}
+        # How uploaded frames are handed over, per key (SPEC §2: HWC uint8 or CHW float32).
+        self.layouts = {k: s.camera.layout for k, s in streams.items() if s.camera is not None}
         self.current: str | None = None
         self._ended: OrderedDict[str, None] = OrderedDict()
 
     def begin(self, episode: str) -> None:
         """Make `episode` current before an act: reset() on a new id, refuse an ended one."""
         if episode in self._ended:
-            raise PolicyCallError("episode_ended", f"field 'episode': episode {episode!r} "
-                                  "has ended; start a new episode id")
+            raise PolicyCallError(
+                "episode_ended",
+                f"field 'episode': episode {episode!r} has ended; start a new episode id",
+            )
         if episode == self.current:
             return
         if self.current is not None:  # an episode left without end_episode ends now
@@ -134,6 +142,27 @@ class PolicyHost:
         if callable(hook):
             _call(f"{name}()", hook)
 
+    def decode_frames(
+        self, steps: list[int], observations: list[dict[str, Any]]
+    ) -> list[dict[str, Any]]:
+        """The observations with every uploaded frame (robotd.worker.store.Frame) decoded to
+        its key's layout; a bad frame is PolicyCallError("bad_frame") naming step and key."""
+        out = []
+        for step, obs in zip(steps, observations):
+            if any(isinstance(v, Frame) for v in obs.values()):
+                obs = {
+                    k: self._decode(step, k, v) if isinstance(v, Frame) else v
+                    for k, v in obs.items()
+                }
+            out.append(obs)
+        return out
+
+    def _decode(self, step: int, key: str, frame: Frame) -> np.ndarray:
+        try:
+            return decode(frame.msg, self.layouts.get(key, "hwc_uint8"), name=key)
+        except FrameError as err:
+            raise PolicyCallError("bad_frame", f"step {step} key {key!r}: {err}") from None
+
     def inputs(self, steps: list[int], observations: list[dict[str, Any]]) -> Any:
         """What infer is handed for an act (see the module docstring)."""
         if self.observations is None:
@@ -155,8 +184,7 @@ def _call(what: str, fn: Any, *args: Any, **kwargs: Any) -> Any:
         return fn(*args, **kwargs)
     except Exception as err:
         log.error("policy %s raised:\n%s", what, traceback.format_exc())
-        raise PolicyCallError("policy_error",
-                              f"{what} raised {type(err).__name__}: {err}") from err
+        raise PolicyCallError("policy_error", f"{what} raised {type(err).__name__}: {err}") from err
 
 
 def load_class(spec: str) -> type:
@@ -169,8 +197,9 @@ def load_class(spec: str) -> type:
     try:
         obj: Any = importlib.import_module(module_name)
     except ImportError as err:
-        raise PolicyLoadError(f"policy {spec!r}: cannot import module {module_name!r}: "
-                              f"{err}") from err
+        raise PolicyLoadError(
+            f"policy {spec!r}: cannot import module {module_name!r}: {err}"
+        ) from err
     for part in attr.split("."):
         if not hasattr(obj, part):
             raise PolicyLoadError(f"policy {spec!r}: {module_name!r} has no attribute {attr!r}")
@@ -220,8 +249,10 @@ def _declared(policy: Any, name: str, kind: type, spec: str) -> Any:
     value = getattr(policy, name, None)
     if value is None or isinstance(value, kind):
         return value
-    raise PolicyLoadError(f"policy {spec!r}: attribute {name!r} must be a "
-                          f"robotd.contract.{kind.__name__} or None, got {type(value).__name__}")
+    raise PolicyLoadError(
+        f"policy {spec!r}: attribute {name!r} must be a "
+        f"robotd.contract.{kind.__name__} or None, got {type(value).__name__}"
+    )
 
 
 def _accepts_keyword(fn: Any, name: str) -> bool:
@@ -237,15 +268,21 @@ def check_actions(answer: Any, actions: Actions | None) -> np.ndarray:
     key = actions.key if actions is not None else None
     if key is not None:
         if not isinstance(answer, Mapping):
-            raise BadActions(f"infer returned {type(answer).__name__}; actions.key={key!r} "
-                             "is declared, so it must return a mapping holding the rows there")
+            raise BadActions(
+                f"infer returned {type(answer).__name__}; actions.key={key!r} "
+                "is declared, so it must return a mapping holding the rows there"
+            )
         if key not in answer:
-            raise BadActions(f"infer's answer has no field {key!r} (actions.key); "
-                             f"fields: {sorted(map(str, answer))[:10]}")
+            raise BadActions(
+                f"infer's answer has no field {key!r} (actions.key); "
+                f"fields: {sorted(map(str, answer))[:10]}"
+            )
         answer, where = answer[key], f"answer[{key!r}]"
     elif isinstance(answer, Mapping):
-        raise BadActions("infer returned a mapping but actions.key is not declared; return "
-                         "the (H, D) rows, or declare Actions(key=...)")
+        raise BadActions(
+            "infer returned a mapping but actions.key is not declared; return "
+            "the (H, D) rows, or declare Actions(key=...)"
+        )
     else:
         where = "answer"
     try:

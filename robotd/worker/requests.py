@@ -1,8 +1,11 @@
-"""Parsing the worker's requests (docs/protocol.md): every field checked, every problem a
-BadRequest naming the field."""
+"""Parsing the worker's requests (docs/protocol.md), every field checked and every problem a
+BadRequest naming the field; and the worker's endpoints."""
 
 from __future__ import annotations
 
+import contextlib
+from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from robotd.contract import MAX_STREAMS
@@ -34,8 +37,11 @@ def request_id(msg: Any) -> int:
 def episode_field(msg: dict[str, Any]) -> str:
     episode = msg.get("episode")
     if not isinstance(episode, str) or not 0 < len(episode) <= MAX_EPISODE_ID:
-        raise BadRequest("bad_request", "field 'episode': missing or not a string of "
-                         f"1..{MAX_EPISODE_ID} characters ({str(episode)[:64]!r})")
+        raise BadRequest(
+            "bad_request",
+            "field 'episode': missing or not a string of "
+            f"1..{MAX_EPISODE_ID} characters ({str(episode)[:64]!r})",
+        )
     return episode
 
 
@@ -45,12 +51,16 @@ def act_fields(msg: dict[str, Any], windowed: bool) -> tuple[int, list[int], lis
     observations = msg.get("observations")
     if not isinstance(observations, list) or len(observations) != len(steps):
         got = len(observations) if isinstance(observations, list) else type(observations).__name__
-        raise BadRequest("bad_request", f"field 'observations': need a list of {len(steps)} "
-                         f"maps (one per entry of steps), got {got}")
+        raise BadRequest(
+            "bad_request",
+            f"field 'observations': need a list of {len(steps)} "
+            f"maps (one per entry of steps), got {got}",
+        )
     for i, obs in enumerate(observations):
         if not isinstance(obs, dict):
-            raise BadRequest("bad_request", f"field 'observations[{i}]': not a map "
-                             f"({type(obs).__name__})")
+            raise BadRequest(
+                "bad_request", f"field 'observations[{i}]': not a map ({type(obs).__name__})"
+            )
     return step, steps, observations
 
 
@@ -59,65 +69,76 @@ def steps_fields(msg: dict[str, Any], windowed: bool) -> tuple[int, list[int]]:
     if not is_int(step) or step < 0:
         raise BadRequest("bad_request", f"field 'step': missing or not an integer >= 0 ({step!r})")
     if not isinstance(steps, list) or not 0 < len(steps) <= MAX_STEPS:
-        raise BadRequest("bad_request", f"field 'steps': missing or not a list of 1..{MAX_STEPS} "
-                         "step numbers")
+        raise BadRequest(
+            "bad_request", f"field 'steps': missing or not a list of 1..{MAX_STEPS} step numbers"
+        )
     for i, s in enumerate(steps):
         if not is_int(s):
             raise BadRequest("bad_request", f"field 'steps[{i}]': not an integer ({s!r})")
         if i and s <= steps[i - 1]:
-            raise BadRequest("bad_request", f"field 'steps[{i}]': {s} after {steps[i - 1]} "
-                             "(steps must be strictly ascending)")
+            raise BadRequest(
+                "bad_request",
+                f"field 'steps[{i}]': {s} after {steps[i - 1]} (steps must be strictly ascending)",
+            )
     if steps[-1] != step:
-        raise BadRequest("bad_request", f"field 'steps': last entry {steps[-1]} is not the "
-                         f"act's own step {step}")
+        raise BadRequest(
+            "bad_request", f"field 'steps': last entry {steps[-1]} is not the act's own step {step}"
+        )
     if not windowed and len(steps) != 1:
-        raise BadRequest("bad_request", f"field 'steps': {len(steps)} steps, but the policy "
-                         "declares no observation contract (the act carries its own step only)")
+        raise BadRequest(
+            "bad_request",
+            f"field 'steps': {len(steps)} steps, but the policy "
+            "declares no observation contract (the act carries its own step only)",
+        )
     return step, steps
 
 
-def named_act_fields(msg: dict[str, Any], windowed: bool, default_wait_s: float
-                      ) -> tuple[int, list[int], list[list[str]], dict[int, dict[str, Any]],
-                                 int | None, float]:
+def named_act_fields(
+    msg: dict[str, Any], windowed: bool, default_wait_s: float
+) -> tuple[int, list[int], list[list[str]], dict[int, dict[str, Any]], int | None, float]:
     """An act that names its steps: (step, steps, reads, inline, release_below, wait_s)."""
     step, steps = steps_fields(msg, windowed)
     reads = msg.get("reads")
     if not isinstance(reads, list) or len(reads) != len(steps):
-        raise BadRequest("bad_request", f"field 'reads': need a list of {len(steps)} key lists "
-                         "(one per entry of steps)")
+        raise BadRequest(
+            "bad_request",
+            f"field 'reads': need a list of {len(steps)} key lists (one per entry of steps)",
+        )
     for i, keys in enumerate(reads):
         if not isinstance(keys, list) or not all(isinstance(k, str) and k for k in keys):
             raise BadRequest("bad_request", f"field 'reads[{i}]': not a list of keys")
     inline: dict[int, dict[str, Any]] = {}
     given = msg.get("inline", [])
     if not isinstance(given, list) or len(given) > len(steps):
-        raise BadRequest("bad_request", "field 'inline': not a list of at most one upload "
-                         "per step")
+        raise BadRequest("bad_request", "field 'inline': not a list of at most one upload per step")
     for i, item in enumerate(given):
         s = item.get("step") if isinstance(item, dict) else None
         if not is_int(s) or s < 0:
-            raise BadRequest("bad_request", f"field 'inline[{i}].step': missing or not an "
-                             "integer >= 0")
+            raise BadRequest(
+                "bad_request", f"field 'inline[{i}].step': missing or not an integer >= 0"
+            )
         try:
-            inline.setdefault(s, {}).update(post_values(item.get("values"),
-                                                              item.get("frames")))
+            inline.setdefault(s, {}).update(post_values(item.get("values"), item.get("frames")))
         except ValueError as err:
             raise BadRequest("bad_request", f"field 'inline[{i}]': {err}") from None
     below = msg.get("release_below")
     if below is not None and (not is_int(below) or below < 0):
         raise BadRequest("bad_request", f"field 'release_below': not an integer >= 0 ({below!r})")
     wait_s = msg.get("wait_s", default_wait_s)
-    if isinstance(wait_s, bool) or not isinstance(wait_s, int | float) or not (
-            0 <= wait_s <= MAX_WAIT_S):
-        raise BadRequest("bad_request", f"field 'wait_s': not a number of seconds in "
-                         f"0..{MAX_WAIT_S:g} ({wait_s!r})")
+    if (
+        isinstance(wait_s, bool)
+        or not isinstance(wait_s, int | float)
+        or not (0 <= wait_s <= MAX_WAIT_S)
+    ):
+        raise BadRequest(
+            "bad_request",
+            f"field 'wait_s': not a number of seconds in 0..{MAX_WAIT_S:g} ({wait_s!r})",
+        )
     return step, steps, reads, inline, below, float(wait_s)
 
 
 def is_int(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
-
-
 
 
 def post_values(values: Any, frames: Any) -> dict[str, Any]:
@@ -140,3 +161,77 @@ def post_values(values: Any, frames: Any) -> dict[str, Any]:
         if not isinstance(msg, dict):
             raise ValueError(f"field 'frames.{key}': not a frame message (codec, shape, data)")
     return {**values, **{k: Frame(m) for k, m in frames.items()}}
+
+
+@dataclass(frozen=True, slots=True)
+class Upload:
+    """One message of the observe connection: a post (values) or a skip (keys, reason)."""
+
+    cmd: str
+    episode: str
+    step: int
+    values: dict[str, Any]
+    keys: list[str]
+    reason: str
+
+
+def upload_fields(msg: dict[str, Any]) -> Upload:
+    cmd = msg.get("cmd")
+    if cmd not in ("post", "skip"):
+        raise BadRequest(
+            "unknown_command", f"field 'cmd': unknown upload command {str(cmd)[:64]!r} (post, skip)"
+        )
+    episode = episode_field(msg)
+    step = msg.get("step")
+    if not is_int(step) or step < 0:
+        raise BadRequest("bad_request", f"field 'step': missing or not an integer >= 0 ({step!r})")
+    if cmd == "post":
+        try:
+            values = post_values(msg.get("values"), msg.get("frames"))
+        except ValueError as err:
+            raise BadRequest("bad_request", str(err)) from None
+        return Upload(cmd, episode, step, values, [], "")
+    keys, reason = msg.get("keys"), msg.get("reason", "")
+    if not isinstance(keys, list) or not all(isinstance(k, str) for k in keys):
+        raise BadRequest("bad_request", "field 'keys': not a list of strings")
+    return Upload(cmd, episode, step, {}, keys, str(reason)[:200])
+
+
+def observe_endpoint(bind: str) -> str:
+    """The observe endpoint that goes with act endpoint `bind`: ipc `x.sock` -> `x-o.sock`,
+    tcp port P -> P + 1 (port 0 stays 0: any free port), inproc `n` -> `n-observe`."""
+    if bind.startswith("ipc://"):
+        path = Path(bind[len("ipc://") :])
+        return "ipc://" + str(path.with_name(f"{path.stem}-o{path.suffix}"))
+    if bind.startswith("tcp://"):
+        host, sep, port = bind[len("tcp://") :].rpartition(":")
+        if sep and port.isdigit() and 0 < int(port) < 65535:
+            return f"tcp://{host}:{int(port) + 1}"
+        if sep and port in ("0", "*"):
+            return bind
+    if bind.startswith("inproc://"):
+        return bind + "-observe"
+    raise ValueError(f"cannot derive an observe endpoint from {bind!r}; give one explicitly")
+
+
+def prepare_ipc(bind: str) -> None:
+    """ipc endpoints: create the socket file's directory."""
+    path = ipc_path(bind)
+    if path is not None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+
+
+def remove_ipc(endpoint: str) -> None:
+    """libzmq leaves a bound ipc socket file behind; remove ours (only if still a socket)."""
+    path = ipc_path(endpoint)
+    if path is not None and path.is_socket():
+        with contextlib.suppress(OSError):
+            path.unlink()
+
+
+def ipc_path(endpoint: str) -> Path | None:
+    if endpoint.startswith("ipc://"):
+        path = endpoint[len("ipc://") :]
+        if path and not path.startswith("@"):  # '@': Linux abstract namespace, no file
+            return Path(path)
+    return None

@@ -15,15 +15,13 @@ Threads and sockets:
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import queue
 import signal
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
-from pathlib import Path
+from dataclasses import dataclass
 from typing import Any
 
 import zmq
@@ -34,10 +32,12 @@ from robotd.worker.requests import (
     BadRequest,
     act_fields,
     episode_field,
-    is_int,
     named_act_fields,
-    post_values,
+    observe_endpoint,
+    prepare_ipc,
+    remove_ipc,
     request_id,
+    upload_fields,
 )
 from robotd.worker.store import FrameStore, StoreLimits
 
@@ -72,7 +72,6 @@ class _Parked:
     release_below: int | None
     deadline: float
     wait_s: float = 0.0
-    waiting: list[tuple[int, str]] = field(default_factory=list)
 
 
 def serve(
@@ -112,23 +111,6 @@ def serve(
             signal.signal(signal.SIGTERM, previous)
 
 
-def observe_endpoint(bind: str) -> str:
-    """The observe endpoint that goes with act endpoint `bind`: ipc `x.sock` -> `x-o.sock`,
-    tcp port P -> P + 1 (port 0 stays 0: any free port), inproc `n` -> `n-observe`."""
-    if bind.startswith("ipc://"):
-        path = Path(bind[len("ipc://"):])
-        return "ipc://" + str(path.with_name(f"{path.stem}-o{path.suffix}"))
-    if bind.startswith("tcp://"):
-        host, sep, port = bind[len("tcp://"):].rpartition(":")
-        if sep and port.isdigit() and 0 < int(port) < 65535:
-            return f"tcp://{host}:{int(port) + 1}"
-        if sep and port in ("0", "*"):
-            return bind
-    if bind.startswith("inproc://"):
-        return bind + "-observe"
-    raise ValueError(f"cannot derive an observe endpoint from {bind!r}; give one explicitly")
-
-
 class _Server:
     def __init__(self, host: PolicyHost, store: FrameStore, stream_wait_s: float) -> None:
         self.host = host
@@ -149,8 +131,9 @@ class _Server:
             "policy": host.spec,
         }
 
-    def run(self, bind: str, observe: str, ready: Callable[[str], None] | None,
-            stop: threading.Event) -> None:
+    def run(
+        self, bind: str, observe: str, ready: Callable[[str], None] | None, stop: threading.Event
+    ) -> None:
         ctx = zmq.Context()
         router, obs = ctx.socket(zmq.ROUTER), ctx.socket(zmq.ROUTER)
         for sock in (router, obs):
@@ -161,19 +144,23 @@ class _Server:
         done.bind(done_addr)
         thread = threading.Thread(
             target=_PolicyLoop(self.host, ctx, done_addr, self.jobs).run,
-            name="robotd-policy", daemon=True,
+            name="robotd-policy",
+            daemon=True,
         )
         bound: list[str] = []
         try:
             for sock, ep in ((router, bind), (obs, observe)):
-                _prepare_ipc(ep)
+                prepare_ipc(ep)
                 sock.bind(ep)
                 bound.append(sock.getsockopt_string(zmq.LAST_ENDPOINT))
             self.observe_ep = bound[1]
             thread.start()
             # stdout, not the log: the one line a supervisor or a user waits for.
-            print(f"robotd worker: policy {self.host.spec} listening on {bound[0]} "
-                  f"(observe {bound[1]})", flush=True)
+            print(
+                f"robotd worker: policy {self.host.spec} listening on {bound[0]} "
+                f"(observe {bound[1]})",
+                flush=True,
+            )
             if ready is not None:
                 ready(bound[0])
             self._loop(router, obs, done, stop, thread)
@@ -185,14 +172,20 @@ class _Server:
             for sock in (router, obs, done):
                 sock.close(linger=0)
             for ep in bound:
-                _remove_ipc(ep)
+                remove_ipc(ep)
             if thread.is_alive():  # a hung infer keeps its socket: don't wait on term()
                 log.warning("policy thread still busy at shutdown; leaving it behind")
             else:
                 ctx.term()
 
-    def _loop(self, router: zmq.Socket, obs: zmq.Socket, done: zmq.Socket,
-              stop: threading.Event, thread: threading.Thread) -> None:
+    def _loop(
+        self,
+        router: zmq.Socket,
+        obs: zmq.Socket,
+        done: zmq.Socket,
+        stop: threading.Event,
+        thread: threading.Thread,
+    ) -> None:
         self.router = router
         poller = zmq.Poller()
         for sock in (router, obs, done):
@@ -225,8 +218,13 @@ class _Server:
         """Answer, queue or park one request; every failure becomes an error reply."""
         route, body = frames[:-1], frames[-1]
         if len(route) not in (1, 2) or (len(route) == 2 and route[1] != b""):
-            _reply_error(router, frames[:1], None, "bad_request",
-                         f"request must be one frame, got {len(frames) - 1}")
+            _reply_error(
+                router,
+                frames[:1],
+                None,
+                "bad_request",
+                f"request must be one frame, got {len(frames) - 1}",
+            )
             return
         rid = None
         try:
@@ -244,11 +242,13 @@ class _Server:
         except wire.WireError as err:
             _reply_error(router, route, None, "bad_request", f"request is not msgpack: {err}")
         except queue.Full:
-            _reply_error(router, route, rid, "busy",
-                         f"{MAX_QUEUED} requests already wait for the policy")
+            _reply_error(
+                router, route, rid, "busy", f"{MAX_QUEUED} requests already wait for the policy"
+            )
 
-    def _parse(self, msg: dict[str, Any], route: list[bytes], rid: int
-               ) -> _Job | _Parked | dict[str, Any]:
+    def _parse(
+        self, msg: dict[str, Any], route: list[bytes], rid: int
+    ) -> _Job | _Parked | dict[str, Any]:
         """A job for the policy thread, an act to look up, or the result of a request
         answered at once."""
         cmd = msg.get("cmd")
@@ -267,14 +267,18 @@ class _Server:
             windowed = self.host.observations is not None
             if "reads" not in msg:  # observations inline, as sent before uploads existed
                 step, steps, observations = act_fields(msg, windowed)
-                return _Job("act", route, rid, episode, step, steps, observations,
-                            time.perf_counter())
+                return _Job(
+                    "act", route, rid, episode, step, steps, observations, time.perf_counter()
+                )
             step, steps, reads, inline, below, wait_s = named_act_fields(
-                msg, windowed, self.stream_wait_s)
+                msg, windowed, self.stream_wait_s
+            )
             job = _Job("act", route, rid, episode, step, steps, None, time.perf_counter())
             return _Parked(job, reads, inline, below, time.monotonic() + wait_s, wait_s)
-        raise BadRequest("unknown_command",
-                         f"field 'cmd': unknown command {cmd[:64]!r} (hello, act, end_episode)")
+        raise BadRequest(
+            "unknown_command",
+            f"field 'cmd': unknown command {cmd[:64]!r} (hello, act, end_episode)",
+        )
 
     def _try(self, act: _Parked) -> bool:
         """Dispatch `act` if the store holds its window, answer it if some step will never
@@ -293,9 +297,15 @@ class _Server:
             missing += [[s, k, f"not arrived within {act.wait_s:g} s"] for s, k in look.waiting]
             text = ", ".join(f"step {s} {k!r} ({why})" for s, k, why in missing[:8])
             more = f" (+{len(missing) - 8} more)" if len(missing) > 8 else ""
-            _reply_error(self.router, job.route, job.rid, "missing_steps",
-                         f"act at step {job.step} of episode {job.episode!r}: missing {text}"
-                         f"{more}; send them inline", {"missing": missing})
+            _reply_error(
+                self.router,
+                job.route,
+                job.rid,
+                "missing_steps",
+                f"act at step {job.step} of episode {job.episode!r}: missing {text}"
+                f"{more}; send them inline",
+                {"missing": missing},
+            )
             return True
         if act not in self.parked:
             if len(self.parked) >= MAX_QUEUED:
@@ -308,8 +318,13 @@ class _Server:
             try:
                 left = self._try(act)
             except queue.Full:
-                _reply_error(self.router, act.job.route, act.job.rid, "busy",
-                             f"{MAX_QUEUED} requests already wait for the policy")
+                _reply_error(
+                    self.router,
+                    act.job.route,
+                    act.job.rid,
+                    "busy",
+                    f"{MAX_QUEUED} requests already wait for the policy",
+                )
                 left = True
             if left:
                 self.parked.remove(act)
@@ -324,9 +339,14 @@ class _Server:
         self.store.drop(episode)
         for act in [p for p in self.parked if p.job.episode == episode]:
             self.parked.remove(act)
-            _reply_error(self.router, act.job.route, act.job.rid, "episode_ended",
-                         f"episode {episode!r} ended while the act at step {act.job.step} "
-                         "waited for its steps")
+            _reply_error(
+                self.router,
+                act.job.route,
+                act.job.rid,
+                "episode_ended",
+                f"episode {episode!r} ended while the act at step {act.job.step} "
+                "waited for its steps",
+            )
 
     # ---- the observe socket -----------------------------------------------------------------
 
@@ -336,8 +356,13 @@ class _Server:
         route, body = frames[:-1], frames[-1]
         rid = None
         if len(route) != 1:
-            _reply_error(sock, frames[:1], None, "bad_request",
-                         f"upload must be one frame, got {len(frames) - 1}")
+            _reply_error(
+                sock,
+                frames[:1],
+                None,
+                "bad_request",
+                f"upload must be one frame, got {len(frames) - 1}",
+            )
             return None
         try:
             msg = wire.unpackb(body)
@@ -353,61 +378,31 @@ class _Server:
         return result["episode"]
 
     def _observe(self, msg: dict[str, Any], owner: bytes, size: int) -> dict[str, Any]:
-        cmd = msg.get("cmd")
-        episode = episode_field(msg)
-        step = msg.get("step")
-        if not is_int(step) or step < 0:
-            raise BadRequest("bad_request", f"field 'step': missing or not an integer >= 0 "
-                             f"({step!r})")
-        result: dict[str, Any] = {"episode": episode, "step": step, "refused": None}
-        if cmd == "post":
-            try:
-                values = post_values(msg.get("values"), msg.get("frames"))
-            except ValueError as err:
-                raise BadRequest("bad_request", str(err)) from None
-            through, refusal = self.store.post(owner, episode, step, values, size)
+        up = upload_fields(msg)
+        result: dict[str, Any] = {"episode": up.episode, "step": up.step, "refused": None}
+        if up.cmd == "post":
+            through, refusal = self.store.post(owner, up.episode, up.step, up.values, size)
             if refusal is not None:
                 log.warning("upload refused: %s", refusal.message)
                 result["refused"] = {"code": refusal.code, "message": refusal.message}
-        elif cmd == "skip":
-            keys, reason = msg.get("keys"), msg.get("reason", "")
-            if not isinstance(keys, list) or not all(isinstance(k, str) for k in keys):
-                raise BadRequest("bad_request", "field 'keys': not a list of strings")
-            through = self.store.skip(owner, episode, step, keys, str(reason)[:200])
         else:
-            raise BadRequest("unknown_command",
-                             f"field 'cmd': unknown upload command {str(cmd)[:64]!r} (post, skip)")
+            through = self.store.skip(owner, up.episode, up.step, up.keys, up.reason)
         result["through"] = through
         return result
-def _prepare_ipc(bind: str) -> None:
-    """ipc endpoints: create the socket file's directory."""
-    path = _ipc_path(bind)
-    if path is not None:
-        path.parent.mkdir(parents=True, exist_ok=True)
-
-
-def _remove_ipc(endpoint: str) -> None:
-    """libzmq leaves a bound ipc socket file behind; remove ours (only if still a socket)."""
-    path = _ipc_path(endpoint)
-    if path is not None and path.is_socket():
-        with contextlib.suppress(OSError):
-            path.unlink()
-
-
-def _ipc_path(endpoint: str) -> Path | None:
-    if endpoint.startswith("ipc://"):
-        path = endpoint[len("ipc://"):]
-        if path and not path.startswith("@"):  # '@': Linux abstract namespace, no file
-            return Path(path)
-    return None
 
 
 def _send(sock: zmq.Socket, route: list[bytes], reply: dict[str, Any]) -> None:
     sock.send_multipart([*route, wire.packb(reply)])
 
 
-def _reply_error(sock: zmq.Socket | None, route: list[bytes], rid: int | None, code: str,
-                 message: str, extra: dict[str, Any] | None = None) -> None:
+def _reply_error(
+    sock: zmq.Socket | None,
+    route: list[bytes],
+    rid: int | None,
+    code: str,
+    message: str,
+    extra: dict[str, Any] | None = None,
+) -> None:
     log.debug("error reply %s: %s", code, message)
     assert sock is not None
     error = {"code": code, "message": message, **(extra or {})}
@@ -445,8 +440,9 @@ def _drain_one(done: zmq.Socket, router: zmq.Socket) -> bool:
 class _PolicyLoop:
     """The policy thread: runs jobs in order and sends each reply to the poll loop."""
 
-    def __init__(self, host: PolicyHost, ctx: zmq.Context, done_addr: str,
-                 jobs: queue.Queue[_Job | None]) -> None:
+    def __init__(
+        self, host: PolicyHost, ctx: zmq.Context, done_addr: str, jobs: queue.Queue[_Job | None]
+    ) -> None:
         self.host = host
         self.ctx = ctx
         self.done_addr = done_addr

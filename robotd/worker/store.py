@@ -38,8 +38,11 @@ class StoreLimits:
     idle_s: float = 600.0  # an episode without a post this long is freed (its daemon is gone)
 
     def to_wire(self) -> dict[str, int]:
-        return {"episode_frames": self.episode_frames, "episode_bytes": self.episode_bytes,
-                "worker_bytes": self.worker_bytes}
+        return {
+            "episode_frames": self.episode_frames,
+            "episode_bytes": self.episode_bytes,
+            "worker_bytes": self.worker_bytes,
+        }
 
 
 class Frame:
@@ -90,8 +93,9 @@ def count_frames(values: Mapping[str, Any]) -> int:
 class FrameStore:
     """Uploaded observations of every episode a worker serves, within `limits`."""
 
-    def __init__(self, limits: StoreLimits | None = None,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self, limits: StoreLimits | None = None, clock: Callable[[], float] = time.monotonic
+    ) -> None:
         self.limits = limits or StoreLimits()
         self._clock = clock
         self._episodes: dict[str, _Episode] = {}
@@ -99,15 +103,18 @@ class FrameStore:
 
     # ---- what the observe connection sends --------------------------------------------------
 
-    def post(self, owner: bytes, episode: str, step: int, values: Mapping[str, Any],
-             nbytes: int) -> tuple[int, Refusal | None]:
+    def post(
+        self, owner: bytes, episode: str, step: int, values: Mapping[str, Any], nbytes: int
+    ) -> tuple[int, Refusal | None]:
         """Keep the keys of `values` read at `step` (Frame instances count as frames, the
         post costs `nbytes`); returns (through, None) or (through, Refusal)."""
         ep = self._episode(owner, episode)
         if step < ep.floor:
             return self.through(episode), Refusal(
-                "released", f"episode {episode!r} step {step} is below {ep.floor}, released "
-                "by an act: no later act reads it")
+                "released",
+                f"episode {episode!r} step {step} is below {ep.floor}, released "
+                "by an act: no later act reads it",
+            )
         held = ep.steps.setdefault(step, {})
         new = {k: v for k, v in values.items() if k not in held}
         if not new:
@@ -130,8 +137,7 @@ class FrameStore:
         ep.top = max(ep.top, step)
         return self.through(episode), None
 
-    def skip(self, owner: bytes, episode: str, step: int, keys: Iterable[str],
-             reason: str) -> int:
+    def skip(self, owner: bytes, episode: str, step: int, keys: Iterable[str], reason: str) -> int:
         """The daemon will never send `keys` at `step` (lost robot-side): acts reading them
         are answered at once instead of waiting. Returns through."""
         ep = self._episode(owner, episode)
@@ -157,30 +163,48 @@ class FrameStore:
         return ep
 
     def _expire(self, now: float, keep: str) -> None:
-        idle = [e for e, v in self._episodes.items()
-                if e != keep and now - v.touched > self.limits.idle_s]
+        idle = [
+            e
+            for e, v in self._episodes.items()
+            if e != keep and now - v.touched > self.limits.idle_s
+        ]
         for episode in idle:
             self.drop(episode)
 
-    def _over_limit(self, episode: str, ep: _Episode, step: int, frames: int,
-                    nbytes: int) -> Refusal | None:
+    def _over_limit(
+        self, episode: str, ep: _Episode, step: int, frames: int, nbytes: int
+    ) -> Refusal | None:
         lim = self.limits
         what = f"episode {episode!r} step {step} refused"
         if ep.frames + frames > lim.episode_frames:
-            return Refusal("episode_frames", f"{what}: the episode would hold "
-                           f"{ep.frames + frames} frames (limit {lim.episode_frames})")
+            return Refusal(
+                "episode_frames",
+                f"{what}: the episode would hold "
+                f"{ep.frames + frames} frames (limit {lim.episode_frames})",
+            )
         if ep.nbytes + nbytes > lim.episode_bytes:
-            return Refusal("episode_bytes", f"{what}: the episode would hold "
-                           f"{ep.nbytes + nbytes} bytes (limit {lim.episode_bytes})")
+            return Refusal(
+                "episode_bytes",
+                f"{what}: the episode would hold "
+                f"{ep.nbytes + nbytes} bytes (limit {lim.episode_bytes})",
+            )
         if self.nbytes + nbytes > lim.worker_bytes:
-            return Refusal("worker_bytes", f"{what}: the worker would hold "
-                           f"{self.nbytes + nbytes} bytes (limit {lim.worker_bytes})")
+            return Refusal(
+                "worker_bytes",
+                f"{what}: the worker would hold "
+                f"{self.nbytes + nbytes} bytes (limit {lim.worker_bytes})",
+            )
         return None
 
     # ---- what acts do -----------------------------------------------------------------------
 
-    def lookup(self, episode: str, steps: Sequence[int], reads: Sequence[Sequence[str]],
-               inline: Mapping[int, Mapping[str, Any]] | None = None) -> Lookup:
+    def lookup(
+        self,
+        episode: str,
+        steps: Sequence[int],
+        reads: Sequence[Sequence[str]],
+        inline: Mapping[int, Mapping[str, Any]] | None = None,
+    ) -> Lookup:
         """The observations of an act reading `reads[i]` at `steps[i]` (a step below 0 reads
         step 0); a value in `inline` (source step -> key -> value) wins over the store."""
         ep = self._episodes.get(episode)
