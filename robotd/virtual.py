@@ -29,7 +29,7 @@ import inspect
 import math
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -385,16 +385,7 @@ class _Trace:
 
     def result(self, kernel: Kernel, cfg: Config, events: list[dict[str, Any]]) -> VirtualResult:
         tracking = self.tracking[self.running]
-        q, s = kernel.queue.counters, kernel.shield.counters
-        counters = {
-            **asdict(kernel.counters),
-            "stale_chunks": q.stale_chunks,
-            "rows_dropped": q.rows_dropped + q.merge_dropped,  # as the control lane reports
-            "merge_dropped": q.merge_dropped,
-            "interventions": s.interventions,
-            "clamped": s.clamped,
-            "ask_latency": kernel.ask_latency.summary(),
-        }
+        counters = kernel.stats()
         return VirtualResult(
             played=self.played,
             held=self.held,

@@ -12,30 +12,21 @@ tells the outside world goes through `emit(message)` as a small dict.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import asdict
 from typing import Any
 
 import numpy as np
 
 from drivers.base import JointState
 from robotd.config import Config
-from robotd.control.counters import AskLatency, Counters
+from robotd.control.counters import Counters
 from robotd.control.episode import CommandRefused, EpisodeMachine, State
-from robotd.control.queue import ActionQueue, QueueConfig
+from robotd.control.playback import Chunk, Playback
+from robotd.control.queue import QueueConfig
 from robotd.control.shield import REJECTED, Shield
 from robotd.control.watchdog import Watchdog
 
 Emit = Callable[[dict[str, Any]], None]
-
-
-@dataclass(slots=True)
-class Chunk:
-    """Rows computed from step `step` of worker episode `wep`, answering ask `ask_id`."""
-
-    ask_id: int
-    wep: str
-    step: int
-    rows: np.ndarray
 
 
 class Kernel:
@@ -59,7 +50,7 @@ class Kernel:
         self.dt = 1.0 / cfg.control.hz
         c = cfg.control
         self.machine = EpisodeMachine(cfg.robot.start)
-        self._queue_cfg = QueueConfig(
+        qcfg = QueueConfig(
             dim=self.dim,
             timing=c.timing,
             open_loop_horizon=None,
@@ -70,7 +61,6 @@ class Kernel:
             grippers=cfg.joints.gripper_indices(),
             aligned=c.aligned,
         )
-        self.queue = ActionQueue(self._queue_cfg)
         s = cfg.safety
         self.shield = Shield(
             self.names,
@@ -83,17 +73,12 @@ class Kernel:
             reject_run=s.reject_run,
         )
         self.counters = Counters()
-        self.ask_latency = AskLatency()
+        self.playback = Playback(qcfg, dt=self.dt, counters=self.counters, emit=emit)
         self._now_ns = 0  # the present tick's time
-        self._ask_ns = 0  # the time of the tick that asked the act in flight
         self.cam_limits = {name: int(cam.max_age_ms * 1e6) for name, cam in cfg.cameras.items()}
         self.step = 0  # step within the worker-side episode
         self.wep = ""  # worker-side episode id
         self._wep_n = 0
-        self._in_flight: int | None = None  # ask id
-        self._ask_id = 0
-        self._retry_at_tick = 0  # after a failed act, wait before asking again
-        self._pending: list[Chunk] = []
         self.watchdog = Watchdog(cfg.control.max_hold_steps)
         self._grippers = list(cfg.joints.gripper_indices())
         self._end_after_tick = ""  # an outcome decided mid-tick, applied once the step is counted
@@ -145,29 +130,42 @@ class Kernel:
             "fault": None
             if m.fault is None
             else {"cause": m.fault.cause, "detail": m.fault.detail, "active": m.fault.active},
-            "queue": len(self.queue),
-            "in_flight": self._in_flight is not None,
+            "queue": len(self.playback.queue),
+            "in_flight": self.playback.in_flight is not None,
             "torque": self.torque_on,
+        }
+
+    def stats(self) -> dict[str, Any]:
+        """Every counter of the run so far (cumulative), as the summary and telemetry name them."""
+        q = self.playback.queue.counters
+        s = self.shield.counters
+        return {
+            **asdict(self.counters),
+            "stale_chunks": q.stale_chunks,
+            # every row given up because its step had passed: at merge (the latency drop,
+            # stale chunks whole) and at pop
+            "rows_dropped": q.rows_dropped + q.merge_dropped,
+            "merge_dropped": q.merge_dropped,
+            "ask_latency": self.playback.ask_latency.summary(),
+            "interventions": s.interventions,
+            "clipped": s.clipped,
+            "clamped": s.clamped,
+            "rejected": s.rejected,
         }
 
     def set_contract(self, open_loop_horizon: int | None) -> None:
         """The worker's action contract: sync plays at most this many rows of a chunk."""
-        self.queue.flush()
-        self._queue_cfg = replace(self._queue_cfg, open_loop_horizon=open_loop_horizon)
-        self.queue = ActionQueue(self._queue_cfg)
+        self.playback.configure(open_loop_horizon)
         if self._autostart:
             self._autostart = False
             self._start_episode()
 
     def deliver(self, chunk: Chunk) -> None:
         """A chunk arrived; it is merged at the start of the next update."""
-        self._pending.append(chunk)
+        self.playback.deliver(chunk)
 
     def act_failed(self, ask_id: int, reason: str) -> None:
-        if ask_id == self._in_flight:
-            self._in_flight = None
-            self.counters.act_failures += 1
-            self._retry_at_tick = self.counters.ticks + max(1, int(0.5 / self.dt))
+        if self.playback.failed(ask_id, self.counters.ticks):
             self._event("act_failed", reason=reason, ask=ask_id)
 
     def episode_lost(self, cause: str) -> None:
@@ -175,13 +173,13 @@ class Kernel:
         if self.machine.state is not State.RUNNING:
             return
         self.counters.episode_resets += 1
-        keep = self.queue.peek().copy() if self.cfg.control.finish_queue_on_reset else None
-        flushed = self.queue.flush(keep_seam=True)
+        queue = self.playback.queue
+        keep = queue.peek().copy() if self.cfg.control.finish_queue_on_reset else None
         old = self.wep
-        self._new_worker_episode()
+        flushed = self._new_worker_episode(keep_seam=True)
         if keep is not None and len(keep):
             # Let the queued rows finish: they become rows of the new episode from its step 0.
-            self.queue.merge(keep, 0, 0)
+            self.playback.queue.merge(keep, 0, 0)
             flushed = 0
         self._event("episode_reset", cause=cause, old_wep=old, new_wep=self.wep, flushed=flushed)
 
@@ -209,13 +207,13 @@ class Kernel:
             self.machine.begin_reset()
         self._check_torque()
         if self.machine.state is not State.RUNNING:
-            self._pending.clear()
             return self._held(None)
         valid = self._record_step(now_ns, joints, frames, truth)
-        self._merge_pending()
-        if valid is not None and self._should_ask():
+        pb = self.playback
+        pb.merge_pending(wep=self.wep, step=self.step, now_ns=now_ns)
+        if valid and pb.should_ask(self.counters.ticks):
             self._ask()
-        row = self._pop()
+        row = pb.pop(self.step)
         target = self._play(row) if row is not None else self._held(self.step)
         self.step += 1
         self.counters.steps += 1
@@ -229,7 +227,7 @@ class Kernel:
 
     # ---- pieces of the tick ----------------------------------------------------------------
 
-    def _record_step(self, now_ns, joints, frames, truth) -> bool | None:
+    def _record_step(self, now_ns, joints, frames, truth) -> bool:
         cams = {}
         valid = True
         for name, limit in self.cam_limits.items():
@@ -253,78 +251,18 @@ class Kernel:
                 "gt": truth or None,
             }
         )
-        return True if valid else None
-
-    def _merge_pending(self) -> None:
-        for chunk in self._pending:
-            if chunk.ask_id != self._in_flight or chunk.wep != self.wep:
-                self.counters.late_chunks += 1
-                self._event("chunk_discarded", ask=chunk.ask_id, reason="not the act in flight")
-                continue
-            self._in_flight = None
-            rows = chunk.rows
-            if rows.ndim != 2 or rows.shape[1] != self.dim or rows.shape[0] == 0:
-                self.counters.bad_chunks += 1
-                self._event("bad_chunk", ask=chunk.ask_id, shape=list(rows.shape), dim=self.dim)
-                continue
-            try:
-                result = self.queue.merge(rows, chunk.step, self.step)
-            except ValueError as exc:  # NaN/inf or non-numeric rows: refused whole, hold
-                self.counters.bad_chunks += 1
-                self._event("bad_chunk", ask=chunk.ask_id, error=str(exc)[:200])
-                continue
-            self.counters.chunks += 1
-            self.ask_latency.add(self.step - chunk.step, self._now_ns - self._ask_ns)
-            self.emit(
-                {
-                    "k": "chunk",
-                    "ask": chunk.ask_id,
-                    "wep": chunk.wep,
-                    "from": chunk.step,
-                    "at": self.step,
-                    "rows": int(rows.shape[0]),
-                    "dropped": result.dropped,
-                    "stale": result.stale,
-                }
-            )
-        self._pending.clear()
-
-    def _should_ask(self) -> bool:
-        return self.counters.ticks >= self._retry_at_tick and self.queue.should_ask(
-            self._in_flight is not None
-        )
+        return valid
 
     def _ask(self) -> None:
-        self._ask_id += 1
-        self._in_flight = self._ask_id
-        self._ask_ns = self._now_ns
-        self.counters.acts += 1
-        ask = {
-            "k": "ask",
-            "id": self._ask_id,
-            "wep": self.wep,
-            "s": self.step,
-            "ep": self.machine.episode,
-            "queue": len(self.queue),
-        }
+        ask = self.playback.ask(
+            wep=self.wep, step=self.step, episode=self.machine.episode, now_ns=self._now_ns
+        )
         self.emit(ask)
         if self._asker is not None:
             chunk = self._asker(ask)
             if chunk is not None:
-                self.deliver(chunk)
-                self._merge_pending()
-
-    def _pop(self) -> np.ndarray | None:
-        """The queue's row for this step; counts it in stale_rows_played (realtime) when the
-        queue's own bookkeeping says it was meant for an earlier step (the naive baseline)."""
-        queue = self.queue
-        front, dropped = queue.front_step, queue.counters.rows_dropped
-        row = queue.pop(self.step)
-        if row is not None and front is not None and self._queue_cfg.timing == "realtime":
-            meant = front + queue.counters.rows_dropped - dropped  # rows skipped by pop
-            if meant < self.step:
-                self.counters.stale_rows_played += 1
-        return row
+                self.playback.deliver(chunk)
+                self.playback.merge_pending(wep=self.wep, step=self.step, now_ns=self._now_ns)
 
     def _play(self, row: np.ndarray) -> np.ndarray:
         mode = self.cfg.control.control_mode
@@ -389,22 +327,19 @@ class Kernel:
             self.machine.start()
         self.counters.episodes += 1
         self.watchdog.reset()
-        self.queue.flush()
         self._new_worker_episode()
         self._event("episode_start", episode=self.machine.episode, wep=self.wep)
 
-    def _new_worker_episode(self) -> None:
+    def _new_worker_episode(self, *, keep_seam: bool = False) -> int:
         self._wep_n += 1
         self.wep = f"{self.run_id}-{self._wep_n}"
         self.step = 0
-        self._in_flight = None
-        self._pending.clear()
+        return self.playback.reset(keep_seam=keep_seam)
 
     def _end_episode(self, outcome: str) -> bool:
         if not self.machine.end(outcome):
             return False
-        flushed = self.queue.flush()
-        self._in_flight = None
+        flushed = self.playback.reset()
         self._event(
             "episode_end",
             episode=self.machine.episode,
@@ -424,9 +359,8 @@ class Kernel:
                 wep=self.wep,
                 outcome="fault",
                 steps=self.step,
-                flushed=self.queue.flush(),
+                flushed=self.playback.reset(),
             )
-            self._in_flight = None
         entered = self.machine.latch(cause, detail, active=active)
         if entered:
             category = self.cfg.safety.estop_category

@@ -149,26 +149,14 @@ class ControlLane:
 
     # ---- the loop --------------------------------------------------------------------------
 
-    def _stats(self, tick_index: int) -> None:
-        c = self.kernel.counters
-        q = self.kernel.queue.counters
-        s = self.kernel.shield.counters
+    def _stats(self) -> None:
         self._send(
             {
                 "k": "stats",
-                **asdict(c),
+                **self.kernel.stats(),
                 "missed_ticks": self.ticker.missed,
                 "elapsed_s": (time.monotonic_ns() - self.ticker.origin_ns) / 1e9,
                 "overruns": self.ticker.overruns,
-                "stale_chunks": q.stale_chunks,
-                # every row given up because its step had passed: at merge (the latency
-                # drop, stale chunks whole) and at pop
-                "rows_dropped": q.rows_dropped + q.merge_dropped,
-                "ask_latency": self.kernel.ask_latency.summary(),
-                "interventions": s.interventions,
-                "clipped": s.clipped,
-                "clamped": s.clamped,
-                "rejected": s.rejected,
                 "dropped_messages": self.dropped,
                 "lateness": self.hist.to_wire(),
                 "state": self.kernel.status(),
@@ -229,8 +217,8 @@ class ControlLane:
                 self._send({"k": "ready", "pid": os.getpid(), "warnings": self.warnings})
                 first = False
             if tick.index % stats_every == 0:
-                self._stats(tick.index)
-        self._stats(-1)
+                self._stats()
+        self._stats()
         self._send({"k": "bye"})
 
     def run_guarded(self) -> None:
