@@ -182,8 +182,9 @@ class SimArm(JointDriver):
         decay = math.exp(-dt / self.options.tau_s)
         step = (self._target - self._q) * (1.0 - decay)
         max_step = self.options.velocity_limit * dt
-        step = np.clip(step, -max_step, max_step)
-        q_new = np.clip(self._q + step, self._lower, self._upper)
+        # two ufuncs each rather than np.clip, whose dispatch dominates on a few joints
+        step = np.minimum(np.maximum(step, -max_step), max_step)
+        q_new = np.minimum(np.maximum(self._q + step, self._lower), self._upper)
         self._velocity = (q_new - self._q) / dt
         self._q = q_new
 
