@@ -27,9 +27,9 @@ import zmq.asyncio
 from robotd import sdnotify, wire
 from robotd.config import Config, runtime_dir
 from robotd.contract import Actions, ContractError, Observations
-from robotd.link.client import Handshake, PolicyClient, PolicyError, observe_address
+from robotd.link.client import Handshake, PolicyClient, PolicyError
 from robotd.link.session import ActLink, FrameSource, LinkCounters, StepRing, choose_contract
-from robotd.link.uplink import Uplink, UplinkLimits
+from robotd.link.uplink import Uplink, make_uplink
 from robotd.link.windows import WindowPlanner
 from robotd.operator.server import OperatorServer
 from robotd.shm import FrameRing, ring_slots, unlink_prefix
@@ -363,7 +363,18 @@ class Daemon:
         resolved = obs.resolve(self.cfg.control.hz) if obs is not None else None
         planner = WindowPlanner(resolved, self.cfg.observation_keys)
         self.steps.keep = planner.lookback + 2 * int(self.cfg.control.hz) + 16
-        self.uplink = self._make_uplink(endpoint, obs, planner, actions)
+        self._counters = LinkCounters()
+        self.uplink = make_uplink(
+            self.cfg,
+            hs,
+            endpoint,
+            obs,
+            planner,
+            actions,
+            self.steps,
+            self.shared.rings,
+            self._counters,
+        )
         if self.uplink is not None:
             tg.start_soon(self.uplink.run)
         self.link = ActLink(
@@ -377,6 +388,7 @@ class Daemon:
             camera_names=set(self.cfg.cameras),
             uplink=self.uplink,
             stream_wait_s=self.cfg.policy.stream_wait_s,
+            counters=self._counters,
         )
         self.summary.link_counters = self.link.counters.uploads
         olh = actions.open_loop_horizon if actions is not None else None
@@ -386,47 +398,6 @@ class Daemon:
             hs.policy,
             endpoint,
             sorted(resolved.keys) if resolved else "undeclared (the act's own step)",
-        )
-
-    def _make_uplink(
-        self,
-        endpoint: str,
-        obs: Observations | None,
-        planner: WindowPlanner,
-        actions: Actions | None,
-    ) -> Uplink | None:
-        """The observe connection, if the worker offers one (else acts carry their window)."""
-        assert self.handshake is not None and self.shared is not None
-        observe = self.handshake.endpoints.get("observe")
-        if not observe:
-            log.info("the worker offers no observe endpoint: windows go inline in each act")
-            return None
-        streams = obs.streams if obs is not None else {}
-        c, p = self.cfg.control, self.cfg.policy
-        back_s = planner.lookback / c.hz
-        for name, cam in self.cfg.cameras.items():
-            if name in planner.keys and back_s + 0.5 > cam.ring_seconds:
-                log.warning(
-                    "cameras.%s.ring_seconds = %g but the contract looks %.2f s back: frames "
-                    "older than the ring are declared lost; raise ring_seconds",
-                    name, cam.ring_seconds, back_s,
-                )
-        return Uplink(
-            observe_address(observe, endpoint),
-            planner,
-            self.steps,
-            self.shared.rings,
-            {k: s.camera for k, s in streams.items() if k in self.cfg.cameras},
-            # shared with the ActLink built next: one set of link counters
-            self._counters,
-            timing=c.timing,
-            open_loop_horizon=actions.open_loop_horizon if actions is not None else None,
-            refill_steps=c.refill_steps,
-            merge=c.merge,
-            limits=UplinkLimits(p.max_episode_frames, p.max_episode_bytes).within(
-                self.handshake.limits
-            ),
-            when_behind=obs.when_behind if obs is not None else "wait",
         )
 
     # ---- the run ---------------------------------------------------------------------------
@@ -486,10 +457,8 @@ class Daemon:
     async def _shutdown(self) -> None:
         sdnotify.notify("STOPPING=1")
         if self.link is not None:
-            self.summary.link = {
-                "act_errors": self.link.counters.act_errors,
-                **self.link.counters.uploads(),
-            }
+            # (the upload counters are read live: uploads still go on while the lanes stop)
+            self.summary.link = {"act_errors": self.link.counters.act_errors}
             for v in self.link.counters.rtt_ms:
                 self.summary.rtt.add(v)
         control = self.sup.children.get("control") if self.sup else None

@@ -5,12 +5,14 @@ from __future__ import annotations
 import json
 import random
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from robotd.control.histogram import LatencyHistogram
+from robotd.link.session import UPLOAD_COUNTERS
 
 
 class Reservoir:
@@ -49,6 +51,8 @@ class RunSummary:
         self.stats: dict[str, Any] = {}
         self.tracking = Reservoir()
         self.link: dict[str, Any] = {}
+        # the policy link's upload counters, read live (stats request, telemetry)
+        self.link_counters: Callable[[], dict[str, int]] | None = None
         self.rtt = Reservoir()
         self.verdicts: list[dict[str, Any]] = []
 
@@ -59,6 +63,12 @@ class RunSummary:
         gt = msg.get("gt")
         if gt and "tracking_error" in gt:
             self.tracking.add(float(gt["tracking_error"]))
+
+    def uploads(self) -> dict[str, int]:
+        """uploaded_frames, uploaded_bytes, inline_frames, skipped_frames, refused_frames
+        (zeros before the policy link is up)."""
+        live = self.link_counters() if self.link_counters is not None else {}
+        return {k: int(live.get(k, 0)) for k in UPLOAD_COUNTERS}
 
     def lateness(self) -> dict[str, float]:
         wire = self.stats.get("lateness")
@@ -101,6 +111,7 @@ class RunSummary:
                 "p95": self.tracking.percentile(95),
             },
             "act_rtt_ms": {"p50": self.rtt.percentile(50), "p99": self.rtt.percentile(99)},
+            **self.uploads(),
             **self.link,
             "verdicts": self.verdicts,
             "state": (s.get("state") or {}).get("state", ""),

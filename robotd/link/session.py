@@ -28,8 +28,13 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("robotd.link")
 
-UPLOAD_COUNTERS = ("uploaded_frames", "uploaded_bytes", "inline_frames", "skipped_frames",
-                   "refused_frames")
+UPLOAD_COUNTERS = (
+    "uploaded_frames",
+    "uploaded_bytes",
+    "inline_frames",
+    "skipped_frames",
+    "refused_frames",
+)
 # Error codes after which the worker handed the act to the policy (it released old steps).
 _DISPATCHED = ("policy_error", "bad_actions", "bad_frame")
 
@@ -174,6 +179,7 @@ class ActLink:
         camera_names: set[str],
         uplink: Uplink | None = None,
         stream_wait_s: float = 10.0,
+        counters: LinkCounters | None = None,
     ) -> None:
         self.client = client
         self.planner = planner
@@ -185,7 +191,7 @@ class ActLink:
         self.cameras = camera_names
         self.uplink = uplink
         self.stream_wait_s = stream_wait_s
-        self.counters = LinkCounters()
+        self.counters = counters or LinkCounters()
         self._prev_act: dict[str, int] = {}
 
     def _lookup(self, wep: str) -> Callable[[int, str], Any]:
@@ -206,7 +212,11 @@ class ActLink:
         """The part of an ask done at once, in message order: plan the window and tell the
         uplink (or read the window out of the rings). None if it failed (reported)."""
         wep, step, ask_id = str(ask["wep"]), int(ask["s"]), int(ask["id"])
-        a = _Ask(ask_id, wep, step, self.window(wep, step))
+        try:
+            a = _Ask(ask_id, wep, step, self.window(wep, step))
+        except ValueError as exc:  # an ask not after the previous one: never act on it
+            self._fail(ask_id, f"cannot plan the window: {exc}")
+            return None
         self._prev_act[wep] = step
         if self.uplink is not None:
             self.uplink.on_ask(wep, step, int(ask.get("queue", 0)))
@@ -224,8 +234,9 @@ class ActLink:
         """Act and send the chunk (or act_failed) down."""
         try:
             if a.inputs is not None:
-                result = await self.client.act(a.wep, a.step, list(a.inputs["steps"]),
-                                               a.inputs["observations"])
+                result = await self.client.act(
+                    a.wep, a.step, list(a.inputs["steps"]), a.inputs["observations"]
+                )
             else:
                 result = await self._act_named(a)
         except FrameLost as exc:
@@ -260,15 +271,26 @@ class ActLink:
             for attempt in (1, 2):
                 try:
                     result = await self.client.act_steps(
-                        a.wep, a.step, steps, reads, inline=inline, release_below=below,
-                        wait_s=self.stream_wait_s, timeout_s=timeout)
+                        a.wep,
+                        a.step,
+                        steps,
+                        reads,
+                        inline=inline,
+                        release_below=below,
+                        wait_s=self.stream_wait_s,
+                        timeout_s=timeout,
+                    )
                     break
                 except PolicyError as exc:
                     if exc.code != "missing_steps" or attempt == 2:
                         raise
                     missing = exc.missing()
-                    log.warning("act at step %d: the worker lacks %d uploads (%s); sending "
-                                "them inline", a.step, len(missing), exc.message)
+                    log.warning(
+                        "act at step %d: the worker lacks %d uploads (%s); sending them inline",
+                        a.step,
+                        len(missing),
+                        exc.message,
+                    )
                     inline = await self.uplink.inline(a.wep, [(s, k) for s, k, _ in missing])
         except PolicyError as exc:
             if exc.code in _DISPATCHED:

@@ -1,34 +1,27 @@
-"""The daemon's side of the observe connection (SPEC §4): the steps some act will read go up
-to the worker ahead of the acts, on a connection of their own.
+"""What goes up to the worker, and when (SPEC §4): the steps some act will read, ahead of the
+acts, on the observe connection (robotd.link.observe).
 
-What goes up when (`Uplink`, fed by the main process from the control lane's messages):
-- every-stream keys as each step is made (the next act reads all of them);
+`Uplink` is fed by the main process from the control lane's messages:
+- every-stream keys go up as each step is made (the next act reads all of them);
 - at-window keys of the *predicted* next ask: the prediction is formed when the previous
-  act's chunk is merged (the control lane's "chunk" message): sync asks again when the
-  chunk's min(rows, open_loop_horizon) rows have played; realtime when at most
-  `refill_steps` rows remain. Window steps already made then go up at once (read back from
-  the robot-side rings), later ones as they are made. Before an episode's first act, the
-  first step is the predicted ask.
+  act's chunk is merged (the control lane's "chunk" message), which makes it exact: sync
+  asks again once the chunk's min(rows, open_loop_horizon) rows have played; realtime once
+  at most `refill_steps` rows remain of the queue the merge left. Window steps already made
+  then go up at once (read back from the robot-side rings), later ones as they are made.
+  An episode's first act is predicted at its first step;
 - `ensure`: just before an act, whatever its window reads that has not gone up (a
-  misprediction); `inline`: what the worker still lacks, encoded for the act itself.
+  misprediction), ahead of everything queued; `inline`: what the worker still lacks after
+  waiting, encoded for the act itself.
 Each (episode, step, key) goes up at most once. Frames are copied out of the camera rings
-on the event loop as soon as a step is chosen (before the ring overwrites them) and fitted
-and encoded in worker threads. A frame already overwritten is a declared loss: a `skip` is
-sent so the worker never waits for it, and it is counted, never replaced by another frame.
-
-Flow control: posts are pipelined; the worker acknowledges each with `through` or refuses
-it with a reason (counted in refused_frames, warned). What the worker holds for an episode
-(posted, not yet released by an act) stays within `UplinkLimits`; over them `when_behind`
-says: "wait" (posts wait for room; the act waits) or "drop_oldest" (the oldest pending post
-is given up and declared skipped). Even "wait" gives up the oldest once a second limit's
-worth is queued robot-side, so a stalled worker cannot exhaust the daemon's memory; and a
-post an act waits for right now (`ensure`) goes regardless (only acts make room).
+on the event loop as soon as a step is chosen (before the ring overwrites them), then fitted
+and encoded in worker threads. A frame already overwritten, or a step no longer held, is a
+declared loss: a skip tells the worker never to wait for it, and it is counted (never
+replaced by another frame).
 """
 
 from __future__ import annotations
 
 import logging
-import time
 from collections import deque
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -36,36 +29,19 @@ from typing import Any, Literal
 
 import anyio
 import numpy as np
-import zmq
-import zmq.asyncio
 
-from robotd import wire
-from robotd.contract import Camera
+from robotd.config import Config
+from robotd.contract import Actions, Camera, Observations
+from robotd.link.client import Handshake, observe_address
 from robotd.link.fit import FrameError, fit_and_encode, to_wire
+from robotd.link.observe import ObserveConnection, Signal, UplinkLimits
 from robotd.link.session import FrameLost, LinkCounters, StepRing, step_value
 from robotd.link.windows import WindowPlanner
 from robotd.shm import FrameRing
 
+__all__ = ["Uplink", "UplinkLimits", "make_uplink"]
+
 log = logging.getLogger("robotd.link")
-
-MB = 1 << 20
-_WARN_EVERY_S = 5.0
-
-
-@dataclass(frozen=True)
-class UplinkLimits:
-    """What one episode may hold on the worker (posted and not yet released)."""
-
-    episode_frames: int = 1024
-    episode_bytes: int = 64 * MB
-
-    def within(self, worker: Mapping[str, int] | None) -> UplinkLimits:
-        """These limits, lowered to what the worker said it keeps (hello's `limits`)."""
-        w = worker or {}
-        return UplinkLimits(
-            min(self.episode_frames, w.get("episode_frames", 1 << 62)),
-            min(self.episode_bytes, w.get("episode_bytes", 1 << 62)),
-        )
 
 
 @dataclass(slots=True)
@@ -76,17 +52,6 @@ class _Job:
     step: int
     values: dict[str, Any]
     pixels: dict[str, np.ndarray]
-
-
-@dataclass(slots=True)
-class _Post:
-    wep: str
-    step: int
-    keys: list[str]
-    body: bytes
-    frames: int
-    rid: int
-    skip: bool = False
 
 
 @dataclass
@@ -100,24 +65,6 @@ class _Episode:
     ask_step: int = 0
     ask_queue: int = 0
     floor: int = 0
-    held: dict[int, list[int]] = field(default_factory=dict)  # step -> [frames, bytes]
-    frames: int = 0
-    nbytes: int = 0
-    through: int = -1
-
-
-class _Signal:
-    """Wake a waiting task; each wait() waits for the next set()."""
-
-    def __init__(self) -> None:
-        self._event = anyio.Event()
-
-    def set(self) -> None:
-        self._event.set()
-
-    async def wait(self) -> None:
-        await self._event.wait()
-        self._event = anyio.Event()
 
 
 class Uplink:
@@ -139,28 +86,18 @@ class Uplink:
         limits: UplinkLimits | None = None,
         when_behind: Literal["wait", "drop_oldest"] = "wait",
     ) -> None:
-        self.endpoint = endpoint
         self.planner = planner
         self.steps = steps
         self.rings = rings
         self.cameras = cameras
         self.counters = counters
-        self.timing, self.olh, self.refill, self.merge = (
-            timing,
-            open_loop_horizon,
-            refill_steps,
-            merge,
-        )
-        self.limits = limits or UplinkLimits()
-        self.when_behind = when_behind
+        self.timing, self.olh = timing, open_loop_horizon
+        self.refill, self.merge = refill_steps, merge
+        self.conn = ObserveConnection(endpoint, counters, limits=limits, when_behind=when_behind)
         self._eps: dict[str, _Episode] = {}
         self._jobs: tuple[deque[_Job], deque[_Job]] = (deque(), deque())  # urgent, in order
-        self._posts: tuple[deque[_Post], deque[_Post]] = (deque(), deque())
-        self._unacked: dict[int, _Post] = {}
-        self._rid = 0
-        self._job_ready, self._post_ready, self._room = _Signal(), _Signal(), _Signal()
-        self._warned: dict[str, tuple[float, int]] = {}
-        self._sock: zmq.asyncio.Socket | None = None
+        self._job_ready = Signal()
+        self.mispredicted = 0  # (step, key) pairs that went up only just before their act
 
     # ---- what the main process tells it -----------------------------------------------------
 
@@ -172,7 +109,7 @@ class Uplink:
         if ep.first is None:
             ep.first = s
         keys = set(self.planner.every_keys_at(s, ep.last_act))
-        target = ep.predicted if ep.last_act is not None else ep.first
+        target = self.predicted(ep.wep)
         if target is not None and s <= target:
             keys |= self.planner.needed(target, ep.last_act).get(s, frozenset())
         if keys:
@@ -184,8 +121,8 @@ class Uplink:
         ep.last_act, ep.predicted, ep.ask_step, ep.ask_queue = step, None, step, queue
 
     def on_chunk(self, msg: Mapping[str, Any]) -> None:
-        """The chunk answering the last act was merged: the next ask is known; the window
-        steps of it already made go up now."""
+        """The chunk answering the last act was merged ({"wep", "from", "at", "rows",
+        "dropped", "stale"}): the next ask is known; its window steps made so far go up."""
         ep = self._eps.get(str(msg.get("wep")))
         if ep is None or ep.last_act is None or msg.get("from") != ep.last_act:
             return
@@ -213,7 +150,8 @@ class Uplink:
         has not gone up."""
         ep = self._episode(wep)
         for step, keys in needed.items():
-            self._choose(ep, step, set(keys), self.steps.get(wep, step), urgent=True)
+            rec = self.steps.get(wep, step)
+            self.mispredicted += self._choose(ep, step, set(keys), rec, urgent=True)
 
     async def inline(self, wep: str, wanted: list[tuple[int, str]]) -> list[dict[str, Any]]:
         """Uploads for the act itself ({"step", "values", "frames"}), read back from the
@@ -223,8 +161,7 @@ class Uplink:
             by_step.setdefault(step, set()).add(key)
         jobs = []
         for step, keys in sorted(by_step.items()):
-            rec = self.steps.get(wep, step)
-            values, pixels, lost = self._read(rec, keys)
+            values, pixels, lost = self._read(self.steps.get(wep, step), keys)
             if lost:
                 raise FrameLost(f"step {step} {sorted(lost)}: no longer held robot-side")
             jobs.append(_Job(wep, step, values, pixels))
@@ -234,6 +171,13 @@ class Uplink:
             raise FrameLost(f"bad frame: {err}") from None
         self.counters.inline_frames += sum(len(j.pixels) for j in jobs)
         return [{"step": j.step, "values": j.values, "frames": f} for j, f in zip(jobs, out)]
+
+    def predicted(self, wep: str) -> int | None:
+        """The step the next act of `wep` is predicted at (None: not known yet)."""
+        ep = self._eps.get(wep)
+        if ep is None:
+            return None
+        return ep.predicted if ep.last_act is not None else ep.first
 
     def release_point(self, step: int) -> int:
         """Steps below this are read by no act after the act at `step`."""
@@ -245,20 +189,22 @@ class Uplink:
         if ep is None or below <= ep.floor:
             return
         ep.floor = below
-        for step in [s for s in ep.held if s < below]:
-            frames, nbytes = ep.held.pop(step)
-            ep.frames -= frames
-            ep.nbytes -= nbytes
         for step in [s for s in ep.sent if s < below]:
             del ep.sent[step]
-        self._room.set()
+        self.conn.released(wep, below)
 
     def end(self, wep: str) -> None:
         """The worker-side episode ended: nothing more of it goes up."""
         self._eps.pop(wep, None)
-        self._room.set()
+        self.conn.end(wep)
 
-    # ---- choosing and reading ---------------------------------------------------------------
+    async def run(self) -> None:
+        """Encode and upload until cancelled."""
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(self.conn.run)
+            tg.start_soon(self._encode_loop)
+
+    # ---- choosing, reading, encoding --------------------------------------------------------
 
     def _episode(self, wep: str) -> _Episode:
         ep = self._eps.get(wep)
@@ -276,27 +222,23 @@ class Uplink:
         rec: Mapping[str, Any] | None,
         *,
         urgent: bool,
-    ) -> None:
+    ) -> int:
+        """Queue the keys of `step` not gone up yet; returns how many that was."""
         if step < ep.floor:
-            return
+            return 0
         sent = ep.sent.setdefault(step, set())
         keys -= sent
         if not keys:
-            return
+            return 0
         sent |= keys
         values, pixels, lost = self._read(rec, keys)
         if lost:
-            self._skip(
-                ep,
-                step,
-                lost,
-                "no longer held robot-side"
-                if rec is None
-                else "frame overwritten in its camera ring before it was read",
-            )
+            why = "frame overwritten in its camera ring before it was read"
+            self._skip(ep.wep, step, lost, "no longer held robot-side" if rec is None else why)
         if values or pixels:
             self._jobs[0 if urgent else 1].append(_Job(ep.wep, step, values, pixels))
             self._job_ready.set()
+        return len(keys)
 
     def _read(
         self, rec: Mapping[str, Any] | None, keys: set[str]
@@ -319,27 +261,8 @@ class Uplink:
                 values[key] = step_value(rec, key)
         return values, pixels, lost
 
-    def _skip(self, ep: _Episode, step: int, keys: list[str], reason: str) -> None:
-        frames = sum(k in self.rings for k in keys)
-        self.counters.skipped_frames += frames
-        self._warn(
-            "skipped",
-            f"episode {ep.wep} step {step} {keys}: {reason}; declared "
-            "skipped (an act reading it fails rather than read a wrong frame)",
-        )
-        self._rid += 1
-        body = wire.packb(
-            {
-                "id": self._rid,
-                "cmd": "skip",
-                "episode": ep.wep,
-                "step": step,
-                "keys": keys,
-                "reason": reason,
-            }
-        )
-        self._posts[0].append(_Post(ep.wep, step, keys, body, 0, self._rid, skip=True))
-        self._post_ready.set()
+    def _skip(self, wep: str, step: int, keys: list[str], reason: str) -> None:
+        self.conn.skip(wep, step, keys, sum(k in self.rings for k in keys), reason)
 
     def _encode(self, job: _Job) -> dict[str, Any]:
         """Fit and encode a job's frames (in a worker thread: cv2 releases the GIL)."""
@@ -347,37 +270,6 @@ class Uplink:
             k: to_wire(fit_and_encode(px, self.cameras.get(k), name=k))
             for k, px in job.pixels.items()
         }
-
-    def _warn(self, kind: str, message: str) -> None:
-        """Log a loss at once, then at most every few seconds with the count in between."""
-        now = time.monotonic()
-        last, quiet = self._warned.get(kind, (0.0, 0))
-        if now - last >= _WARN_EVERY_S:
-            more = f" (+{quiet} more since the last warning)" if quiet else ""
-            log.warning("upload %s: %s%s", kind, message, more)
-            self._warned[kind] = (now, 0)
-        else:
-            self._warned[kind] = (last, quiet + 1)
-
-    # ---- the tasks --------------------------------------------------------------------------
-
-    async def run(self) -> None:
-        """Connect and upload until cancelled; the socket is closed on the way out."""
-        ctx = zmq.asyncio.Context()
-        sock = ctx.socket(zmq.DEALER)
-        sock.setsockopt(zmq.LINGER, 0)
-        sock.setsockopt(zmq.MAXMSGSIZE, wire.MAX_MESSAGE_BYTES)
-        sock.connect(self.endpoint)
-        self._sock = sock
-        try:
-            async with anyio.create_task_group() as tg:
-                tg.start_soon(self._encode_loop)
-                tg.start_soon(self._send_loop)
-                tg.start_soon(self._receive_loop)
-        finally:
-            self._sock = None
-            sock.close(linger=0)
-            ctx.term()
 
     async def _encode_loop(self) -> None:
         while True:
@@ -390,126 +282,53 @@ class Uplink:
             try:
                 frames = await anyio.to_thread.run_sync(self._encode, job)
             except FrameError as err:
-                self._skip(self._eps[job.wep], job.step, sorted(job.pixels), f"bad frame: {err}")
+                self._skip(job.wep, job.step, sorted(job.pixels), f"bad frame: {err}")
                 frames = {}
-                if not job.values:
-                    continue
-            self._rid += 1
-            body = wire.packb(
-                {
-                    "id": self._rid,
-                    "cmd": "post",
-                    "episode": job.wep,
-                    "step": job.step,
-                    "values": job.values,
-                    "frames": frames,
-                }
+            if job.values or frames:
+                self.conn.post(job.wep, job.step, job.values, frames, urgent=urgent)
+
+
+def make_uplink(
+    cfg: Config,
+    hello: Handshake,
+    act_endpoint: str,
+    obs: Observations | None,
+    planner: WindowPlanner,
+    actions: Actions | None,
+    steps: StepRing,
+    rings: Mapping[str, FrameRing],
+    counters: LinkCounters,
+) -> Uplink | None:
+    """The daemon's uplink to the worker that said `hello`, or None if it offers no observe
+    endpoint (then acts carry their windows). Warns when a camera ring holds less than the
+    contract looks back (such frames would be declared lost)."""
+    observe = hello.endpoints.get("observe")
+    if not observe:
+        log.info("the worker offers no observe endpoint: windows go inline in each act")
+        return None
+    c, p = cfg.control, cfg.policy
+    back_s = planner.lookback / c.hz
+    for name, cam in cfg.cameras.items():
+        if name in planner.keys and back_s + 0.5 > cam.ring_seconds:
+            log.warning(
+                "cameras.%s.ring_seconds = %g but the contract looks %.2f s back: frames "
+                "older than the ring are declared lost; raise ring_seconds",
+                name,
+                cam.ring_seconds,
+                back_s,
             )
-            keys = sorted({*job.values, *frames})
-            self._posts[0 if urgent else 1].append(
-                _Post(job.wep, job.step, keys, body, len(frames), self._rid)
-            )
-            self._post_ready.set()
-
-    async def _send_loop(self) -> None:
-        assert self._sock is not None
-        while True:
-            post = await self._next_post()
-            self._unacked[post.rid] = post
-            await self._sock.send(post.body)
-            if not post.skip:
-                self.counters.uploaded_frames += post.frames
-                self.counters.uploaded_bytes += len(post.body)
-
-    async def _next_post(self) -> _Post:
-        """The next post to send, once it fits within the limits (module doc)."""
-        while True:
-            queue = self._posts[0] if self._posts[0] else self._posts[1]
-            if not queue:
-                await self._post_ready.wait()
-                continue
-            post = queue[0]
-            ep = self._eps.get(post.wep)
-            if ep is None or post.step < ep.floor:
-                queue.popleft()  # its episode is over, or no act reads it any more
-                continue
-            if post.skip:
-                return queue.popleft()
-            # An act waits for an urgent post right now, and only acts make room: it goes.
-            if queue is self._posts[0] or self._fits(ep, post):
-                queue.popleft()
-                held = ep.held.setdefault(post.step, [0, 0])
-                held[0] += post.frames
-                held[1] += len(post.body)
-                ep.frames += post.frames
-                ep.nbytes += len(post.body)
-                return post
-            if self.when_behind == "drop_oldest" or self._queued_over_limit():
-                self._give_up(self._oldest())
-                continue
-            await self._room.wait()
-
-    def _fits(self, ep: _Episode, post: _Post) -> bool:
-        if not ep.held:
-            return True  # too big even alone: the worker refuses it and says why
-        return (
-            ep.frames + post.frames <= self.limits.episode_frames
-            and ep.nbytes + len(post.body) <= self.limits.episode_bytes
-        )
-
-    def _queued_over_limit(self) -> bool:
-        posts = [p for q in self._posts for p in q if not p.skip]
-        return (
-            sum(p.frames for p in posts) > self.limits.episode_frames
-            or sum(len(p.body) for p in posts) > self.limits.episode_bytes
-        )
-
-    def _oldest(self) -> _Post:
-        """The pending post of the lowest step (ties: the one queued first)."""
-        posts = [(p.step, i, q) for q in self._posts for i, p in enumerate(q) if not p.skip]
-        _, i, q = min(posts, key=lambda x: (x[0], x[1]))
-        post = q[i]
-        del q[i]
-        return post
-
-    def _give_up(self, post: _Post) -> None:
-        self._skip(
-            self._eps[post.wep],
-            post.step,
-            post.keys,
-            f"uploads behind (over {self.limits.episode_frames} "
-            f"frames or {self.limits.episode_bytes} bytes in flight), oldest given up",
-        )
-
-    async def _receive_loop(self) -> None:
-        assert self._sock is not None
-        while True:
-            data = await self._sock.recv()
-            try:
-                reply = wire.unpackb(data)
-                post = self._unacked.pop(reply["id"])
-            except (wire.WireError, KeyError, TypeError):
-                log.warning("observe connection: dropped an unexpected reply %.200r", data)
-                continue
-            self._acknowledged(post, reply)
-
-    def _acknowledged(self, post: _Post, reply: dict[str, Any]) -> None:
-        result = reply.get("result") if reply.get("ok") is True else None
-        refused = reply.get("error") if result is None else result.get("refused")
-        ep = self._eps.get(post.wep)
-        if ep is not None and isinstance(result, dict) and isinstance(result.get("through"), int):
-            ep.through = result["through"]
-        if not refused:
-            return
-        reason = refused.get("message", refused) if isinstance(refused, dict) else refused
-        if post.skip:
-            log.warning("observe connection: skip of step %d refused: %s", post.step, reason)
-            return
-        self.counters.refused_frames += post.frames
-        self._warn("refused", f"the worker refused step {post.step}: {reason}")
-        if ep is not None and post.step in ep.held:  # the worker keeps none of it
-            frames, nbytes = ep.held[post.step]
-            ep.held[post.step] = [frames - post.frames, nbytes - len(post.body)]
-            ep.frames -= post.frames
-            ep.nbytes -= len(post.body)
-            self._room.set()
+    streams = obs.streams if obs is not None else {}
+    return Uplink(
+        observe_address(observe, act_endpoint),
+        planner,
+        steps,
+        rings,
+        {k: s.camera for k, s in streams.items() if k in cfg.cameras},
+        counters,
+        timing=c.timing,
+        open_loop_horizon=actions.open_loop_horizon if actions is not None else None,
+        refill_steps=c.refill_steps,
+        merge=c.merge,
+        limits=UplinkLimits(p.max_episode_frames, p.max_episode_bytes).within(hello.limits),
+        when_behind=obs.when_behind if obs is not None else "wait",
+    )

@@ -27,7 +27,8 @@ from typing import Any
 import zmq
 
 from robotd import wire
-from robotd.worker.policy_host import PolicyCallError, PolicyHost
+from robotd.worker.policy_host import PolicyHost
+from robotd.worker.policy_loop import Job, PolicyLoop, drop_queued, reply_error, send
 from robotd.worker.requests import (
     BadRequest,
     act_fields,
@@ -49,24 +50,10 @@ _POLL_MS = 100  # how often the loop looks at `stop`
 
 
 @dataclass(slots=True)
-class _Job:
-    """One request handed to the policy thread; `route` is the ROUTER envelope."""
-
-    cmd: str
-    route: list[bytes]
-    rid: int
-    episode: str
-    step: int = 0
-    steps: list[int] | None = None
-    observations: list[dict[str, Any]] | None = None
-    received: float = 0.0
-
-
-@dataclass(slots=True)
 class _Parked:
     """An act naming steps the store does not hold yet."""
 
-    job: _Job
+    job: Job
     reads: list[list[str]]
     inline: dict[int, dict[str, Any]]
     release_below: int | None
@@ -116,7 +103,7 @@ class _Server:
         self.host = host
         self.store = store
         self.stream_wait_s = stream_wait_s
-        self.jobs: queue.Queue[_Job | None] = queue.Queue(maxsize=MAX_QUEUED)
+        self.jobs: queue.Queue[Job | None] = queue.Queue(maxsize=MAX_QUEUED)
         self.parked: list[_Parked] = []
         self.observe_ep: str | None = None
         self.router: zmq.Socket | None = None  # the act socket, set by run()
@@ -143,7 +130,7 @@ class _Server:
         done_addr = f"inproc://robotd-worker-done-{id(self)}"
         done.bind(done_addr)
         thread = threading.Thread(
-            target=_PolicyLoop(self.host, ctx, done_addr, self.jobs).run,
+            target=PolicyLoop(self.host, ctx, done_addr, self.jobs).run,
             name="robotd-policy",
             daemon=True,
         )
@@ -166,7 +153,7 @@ class _Server:
             self._loop(router, obs, done, stop, thread)
         finally:
             if thread.is_alive():
-                _drop_queued(self.jobs)  # shutting down: unanswered requests time out
+                drop_queued(self.jobs)  # shutting down: unanswered requests time out
                 self.jobs.put(None)
                 thread.join(timeout=5.0)
             for sock in (router, obs, done):
@@ -218,7 +205,7 @@ class _Server:
         """Answer, queue or park one request; every failure becomes an error reply."""
         route, body = frames[:-1], frames[-1]
         if len(route) not in (1, 2) or (len(route) == 2 and route[1] != b""):
-            _reply_error(
+            reply_error(
                 router,
                 frames[:1],
                 None,
@@ -231,24 +218,24 @@ class _Server:
             msg = wire.unpackb(body)
             rid = request_id(msg)
             result = self._parse(msg, route, rid)
-            if isinstance(result, _Job):
+            if isinstance(result, Job):
                 self.jobs.put_nowait(result)
             elif isinstance(result, _Parked):
                 self._try(result)
             else:  # answered without the policy (hello)
-                _send(router, route, {"id": rid, "ok": True, "result": result})
+                send(router, route, {"id": rid, "ok": True, "result": result})
         except BadRequest as err:
-            _reply_error(router, route, rid, err.code, str(err), err.extra)
+            reply_error(router, route, rid, err.code, str(err), err.extra)
         except wire.WireError as err:
-            _reply_error(router, route, None, "bad_request", f"request is not msgpack: {err}")
+            reply_error(router, route, None, "bad_request", f"request is not msgpack: {err}")
         except queue.Full:
-            _reply_error(
+            reply_error(
                 router, route, rid, "busy", f"{MAX_QUEUED} requests already wait for the policy"
             )
 
     def _parse(
         self, msg: dict[str, Any], route: list[bytes], rid: int
-    ) -> _Job | _Parked | dict[str, Any]:
+    ) -> Job | _Parked | dict[str, Any]:
         """A job for the policy thread, an act to look up, or the result of a request
         answered at once."""
         cmd = msg.get("cmd")
@@ -261,19 +248,19 @@ class _Server:
         if cmd == "end_episode":
             episode = episode_field(msg)
             self._end(episode)
-            return _Job("end", route, rid, episode)
+            return Job("end", route, rid, episode)
         if cmd == "act":
             episode = episode_field(msg)
             windowed = self.host.observations is not None
             if "reads" not in msg:  # observations inline, as sent before uploads existed
                 step, steps, observations = act_fields(msg, windowed)
-                return _Job(
+                return Job(
                     "act", route, rid, episode, step, steps, observations, time.perf_counter()
                 )
             step, steps, reads, inline, below, wait_s = named_act_fields(
                 msg, windowed, self.stream_wait_s
             )
-            job = _Job("act", route, rid, episode, step, steps, None, time.perf_counter())
+            job = Job("act", route, rid, episode, step, steps, None, time.perf_counter())
             return _Parked(job, reads, inline, below, time.monotonic() + wait_s, wait_s)
         raise BadRequest(
             "unknown_command",
@@ -294,10 +281,11 @@ class _Server:
         expired = time.monotonic() >= act.deadline
         if look.lost or expired:
             missing = [[s, k, reason] for s, k, reason in look.lost]
-            missing += [[s, k, f"not arrived within {act.wait_s:g} s"] for s, k in look.waiting]
+            late = f"not arrived within {act.wait_s:g} s" if expired else "not arrived yet"
+            missing += [[s, k, late] for s, k in look.waiting]
             text = ", ".join(f"step {s} {k!r} ({why})" for s, k, why in missing[:8])
             more = f" (+{len(missing) - 8} more)" if len(missing) > 8 else ""
-            _reply_error(
+            reply_error(
                 self.router,
                 job.route,
                 job.rid,
@@ -318,7 +306,7 @@ class _Server:
             try:
                 left = self._try(act)
             except queue.Full:
-                _reply_error(
+                reply_error(
                     self.router,
                     act.job.route,
                     act.job.rid,
@@ -339,7 +327,7 @@ class _Server:
         self.store.drop(episode)
         for act in [p for p in self.parked if p.job.episode == episode]:
             self.parked.remove(act)
-            _reply_error(
+            reply_error(
                 self.router,
                 act.job.route,
                 act.job.rid,
@@ -356,7 +344,7 @@ class _Server:
         route, body = frames[:-1], frames[-1]
         rid = None
         if len(route) != 1:
-            _reply_error(
+            reply_error(
                 sock,
                 frames[:1],
                 None,
@@ -369,12 +357,12 @@ class _Server:
             rid = request_id(msg)
             result = self._observe(msg, route[0], len(body))
         except BadRequest as err:
-            _reply_error(sock, route, rid, err.code, str(err))
+            reply_error(sock, route, rid, err.code, str(err))
             return None
         except wire.WireError as err:
-            _reply_error(sock, route, None, "bad_request", f"upload is not msgpack: {err}")
+            reply_error(sock, route, None, "bad_request", f"upload is not msgpack: {err}")
             return None
-        _send(sock, route, {"id": rid, "ok": True, "result": result})
+        send(sock, route, {"id": rid, "ok": True, "result": result})
         return result["episode"]
 
     def _observe(self, msg: dict[str, Any], owner: bytes, size: int) -> dict[str, Any]:
@@ -391,24 +379,6 @@ class _Server:
         return result
 
 
-def _send(sock: zmq.Socket, route: list[bytes], reply: dict[str, Any]) -> None:
-    sock.send_multipart([*route, wire.packb(reply)])
-
-
-def _reply_error(
-    sock: zmq.Socket | None,
-    route: list[bytes],
-    rid: int | None,
-    code: str,
-    message: str,
-    extra: dict[str, Any] | None = None,
-) -> None:
-    log.debug("error reply %s: %s", code, message)
-    assert sock is not None
-    error = {"code": code, "message": message, **(extra or {})}
-    _send(sock, route, {"id": rid, "ok": False, "error": error})
-
-
 def _recv_all(sock: zmq.Socket) -> list[list[bytes]]:
     """Every message waiting on `sock`, without blocking."""
     out = []
@@ -419,14 +389,6 @@ def _recv_all(sock: zmq.Socket) -> list[list[bytes]]:
             return out
 
 
-def _drop_queued(jobs: queue.Queue[_Job | None]) -> None:
-    while True:
-        try:
-            jobs.get_nowait()
-        except queue.Empty:
-            return
-
-
 def _drain_one(done: zmq.Socket, router: zmq.Socket) -> bool:
     """Forward one reply from the policy thread to its client; False when none is waiting."""
     try:
@@ -435,56 +397,3 @@ def _drain_one(done: zmq.Socket, router: zmq.Socket) -> bool:
         return False
     router.send_multipart(frames)
     return True
-
-
-class _PolicyLoop:
-    """The policy thread: runs jobs in order and sends each reply to the poll loop."""
-
-    def __init__(
-        self, host: PolicyHost, ctx: zmq.Context, done_addr: str, jobs: queue.Queue[_Job | None]
-    ) -> None:
-        self.host = host
-        self.ctx = ctx
-        self.done_addr = done_addr
-        self.jobs = jobs
-
-    def run(self) -> None:
-        out = self.ctx.socket(zmq.PAIR)
-        out.connect(self.done_addr)
-        try:
-            while (job := self.jobs.get()) is not None:
-                try:
-                    reply = {"id": job.rid, "ok": True, "result": self._run(job)}
-                except PolicyCallError as err:
-                    reply = _error(job.rid, err.code, str(err))
-                except Exception as err:  # never let one request stop the worker
-                    log.exception("internal error on %s", job.cmd)
-                    reply = _error(job.rid, "internal", f"{type(err).__name__}: {err}")
-                try:
-                    _send(out, job.route, reply)
-                except wire.WireError as err:
-                    _send(out, job.route, _error(job.rid, "internal", str(err)))
-        finally:
-            out.close(linger=0)
-
-    def _run(self, job: _Job) -> dict[str, Any]:
-        if job.cmd == "end":
-            self.host.end_episode(job.episode)
-            return {}
-        assert job.steps is not None and job.observations is not None
-        self.host.begin(job.episode)
-        observations = self.host.decode_frames(job.steps, job.observations)
-        inputs = self.host.inputs(job.steps, observations)
-        start = time.perf_counter()
-        rows = self.host.infer(inputs, job.episode)
-        done = time.perf_counter()
-        return {
-            "actions": rows,
-            "timing": {"infer_ms": (done - start) * 1e3, "queue_ms": (start - job.received) * 1e3},
-            "step": job.step,
-            "episode": job.episode,
-        }
-
-
-def _error(rid: int | None, code: str, message: str) -> dict[str, Any]:
-    return {"id": rid, "ok": False, "error": {"code": code, "message": message}}
