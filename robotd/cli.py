@@ -42,6 +42,20 @@ def _parser() -> argparse.ArgumentParser:
         metavar="KEY=VALUE",
         help="keyword argument for the policy's constructor (value in TOML syntax)",
     )
+    serve.add_argument(
+        "--observe",
+        default=None,
+        help="endpoint for uploads (default: beside --bind: x.sock → x-o.sock, tcp port P → P+1)",
+    )
+    serve.add_argument(
+        "--stream-wait-s",
+        type=float,
+        default=10.0,
+        help="how long an act waits for steps not yet uploaded",
+    )
+    serve.add_argument("--max-episode-frames", type=int, default=1024)
+    serve.add_argument("--max-episode-mib", type=int, default=64)
+    serve.add_argument("--max-worker-mib", type=int, default=1024)
     serve.add_argument("--args-json", default=None, help=argparse.SUPPRESS)
 
     check = sub.add_parser("check", help="validate a robot config and print it resolved")
@@ -66,6 +80,7 @@ def main(argv: list[str] | None = None) -> int:
         from robotd.daemon import setup_logging
         from robotd.procutil import die_with_parent
         from robotd.worker.server import serve
+        from robotd.worker.store import MB, StoreLimits
 
         # A local worker goes when its daemon goes; a remote one's parent is a shell or systemd.
         die_with_parent()
@@ -73,7 +88,19 @@ def main(argv: list[str] | None = None) -> int:
         from robotd.worker.policy_host import PolicyLoadError
 
         try:
-            serve(args.policy, args.bind, policy_kwargs=_policy_kwargs(args))
+            limits = StoreLimits(
+                episode_frames=args.max_episode_frames,
+                episode_bytes=args.max_episode_mib * MB,
+                worker_bytes=args.max_worker_mib * MB,
+            )
+            serve(
+                args.policy,
+                args.bind,
+                policy_kwargs=_policy_kwargs(args),
+                observe=args.observe,
+                limits=limits,
+                stream_wait_s=args.stream_wait_s,
+            )
         except PolicyLoadError as exc:
             print(f"robotd serve: {exc}", file=sys.stderr)
             return 2

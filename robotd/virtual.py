@@ -25,7 +25,6 @@ is reported to the kernel at the tick its answer would have arrived, as ``act_fa
 
 from __future__ import annotations
 
-import inspect
 import math
 import time
 from collections.abc import Callable
@@ -38,12 +37,12 @@ from drivers.sim import render as sim_render
 from drivers.sim.arm import SimArm
 from drivers.sim.world import SimWorld
 from robotd.config import Config
-from robotd.contract import Actions, Observations
+from robotd.contract import Actions
 from robotd.control.episode import State
 from robotd.control.kernel import Chunk, Kernel
 from robotd.link.session import StepRing, resample
 from robotd.link.windows import WindowPlanner, assemble
-from robotd.worker.policy_host import check_actions
+from robotd.worker.policy_host import PolicyHost, PolicyLoadError
 
 T0_NS = 1_000_000_000  # the virtual clock's origin (any int works; 1 s keeps it clear of 0)
 
@@ -163,26 +162,16 @@ class _Asker:
     """Answers the kernel's asks in process; schedules realtime answers `latency` ticks on."""
 
     def __init__(self, cfg: Config, policy: Any, cameras: _Cameras, latency_s: float | None):
-        self.policy = policy
         self.cameras = cameras
         self.hz = cfg.control.hz
         self.sync = cfg.control.timing == "sync"
         self.latency_s = latency_s
-        obs = getattr(policy, "observations", None)
-        acts = getattr(policy, "actions", None)
-        for name, value, kind in (("observations", obs, Observations), ("actions", acts, Actions)):
-            if value is not None and not isinstance(value, kind):
-                raise TypeError(
-                    f"run_virtual: policy.{name} must be a robotd.contract."
-                    f"{kind.__name__} or None, got {type(value).__name__}"
-                )
-        infer = getattr(policy, "infer", None)
-        if not callable(infer):
-            raise TypeError(f"run_virtual: policy {type(policy).__name__} has no infer method")
-        self.infer: Callable[..., Any] = infer
-        self.pass_episode = _accepts_keyword(infer, "episode")
-        self.windowed = obs is not None
-        self.actions: Actions | None = acts
+        try:
+            self.host = PolicyHost.wrap(policy)
+        except PolicyLoadError as exc:
+            raise TypeError(f"run_virtual: {exc}") from None
+        obs = self.host.observations
+        self.actions: Actions | None = self.host.actions
         self.planner = WindowPlanner(
             obs.resolve(self.hz) if obs is not None else None, cfg.observation_keys
         )
@@ -213,17 +202,13 @@ class _Asker:
         wep, step, ask_id = str(ask["wep"]), int(ask["s"]), int(ask["id"])
         if wep != self._wep:
             self._wep, self._prev_act = wep, None
-            reset = getattr(self.policy, "reset", None)
-            if callable(reset):
-                reset()
         started = time.perf_counter()
         try:
-            inputs = assemble(self.planner.plan(step, self._prev_act), self._lookup(wep))
+            self.host.begin(wep)  # reset() on a new episode
+            window = assemble(self.planner.plan(step, self._prev_act), self._lookup(wep))
             self._prev_act = step
-            if not self.windowed:
-                inputs = inputs["observations"][-1]
-            kwargs = {"episode": wep} if self.pass_episode else {}
-            rows = check_actions(self.infer(inputs, **kwargs), self.actions)
+            inputs = self.host.inputs(window["steps"], window["observations"])
+            rows = self.host.infer(inputs, wep)
             outcome: Chunk | str = Chunk(ask_id, wep, step, self._to_control_rate(rows))
         except Exception as exc:  # a failing policy is an act failure, never a crash
             outcome = f"act failed: {type(exc).__name__}: {exc}"
@@ -260,14 +245,6 @@ class _Asker:
         self.tick = tick
         for arrive in self.due.pop(tick, []):
             arrive()
-
-
-def _accepts_keyword(fn: Any, name: str) -> bool:
-    try:
-        params = inspect.signature(fn).parameters
-    except (TypeError, ValueError):
-        return False
-    return name in params or any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values())
 
 
 def _prepare(cfg: Config, aligned: bool) -> Config:

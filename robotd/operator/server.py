@@ -176,7 +176,10 @@ class OperatorServer:
                     "state": self.d.state,
                     "hz": s.measured_hz(),
                     "lateness_us": s.lateness(),
-                    "counters": {k: s.stats.get(k, 0) for k in TELEMETRY_COUNTERS},
+                    "counters": {
+                        **{k: s.stats.get(k, 0) for k in TELEMETRY_COUNTERS},
+                        **s.uploads(),
+                    },
                     "ask_latency": s.stats.get("ask_latency"),
                 }
                 with contextlib.suppress(zmq.Again):  # no subscriber keeping up: skip this one

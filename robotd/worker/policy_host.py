@@ -79,15 +79,26 @@ class PolicyHost:
     """
 
     def __init__(self, spec: str, kwargs: Mapping[str, Any] | None = None) -> None:
-        self.spec = spec
         cls = load_class(spec)
         args = coerce_kwargs(cls, dict(kwargs or {}), spec)
         try:
-            self.policy = cls(**args)
+            policy = cls(**args)
         except Exception as err:
             raise PolicyLoadError(
                 f"policy {spec!r}: constructor failed: {type(err).__name__}: {err}"
             ) from err
+        self._adopt(policy, spec)
+
+    @classmethod
+    def wrap(cls, policy: Any, name: str | None = None) -> PolicyHost:
+        """Host an already built policy (in-process use: the virtual-clock runner)."""
+        host = cls.__new__(cls)
+        host._adopt(policy, name or type(policy).__name__)
+        return host
+
+    def _adopt(self, policy: Any, spec: str) -> None:
+        self.spec = spec
+        self.policy = policy
         self.observations = _declared(self.policy, "observations", Observations, spec)
         self.actions = _declared(self.policy, "actions", Actions, spec)
         infer = getattr(self.policy, "infer", None)
