@@ -9,14 +9,12 @@ SIGINT/SIGTERM or the end of --duration stops everything and writes the summary.
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import secrets
 import signal
 import sys
-import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -25,31 +23,28 @@ import zmq
 import zmq.asyncio
 
 from robotd import sdnotify, wire
+from robotd.children import (
+    Shared,
+    camera_argv,
+    control_argv,
+    create_shared,
+    lane_endpoint,
+    worker_argv,
+)
 from robotd.config import Config, runtime_dir
-from robotd.contract import Actions, ContractError, Observations
+from robotd.contract import ContractError
 from robotd.link.client import Handshake, PolicyClient, PolicyError
-from robotd.link.session import ActLink, FrameSource, LinkCounters, StepRing, choose_contract
-from robotd.link.uplink import Uplink, make_uplink
-from robotd.link.windows import WindowPlanner
+from robotd.link.connect import StartupError, connect_policy
+from robotd.link.session import ActLink, StepRing
+from robotd.link.uplink import Uplink
 from robotd.operator.server import OperatorServer
-from robotd.shm import FrameRing, ring_slots, unlink_prefix
 from robotd.status import StatusLine
 from robotd.summary import RunSummary
-from robotd.supervisor import Child, Supervisor, python_module
+from robotd.supervisor import Child, Supervisor
 
 log = logging.getLogger("robotd")
 
-SHM_PREFIX = "robotd-"
 READY_TIMEOUT_S = 30.0
-
-
-def lane_endpoint(run_dir: Path) -> str:
-    """The control lane's inbound (PULL) endpoint in a run directory."""
-    return f"ipc://{run_dir}/lane.sock"
-
-
-class StartupError(RuntimeError):
-    """The daemon could not bring its lanes up; the message says which and why."""
 
 
 @dataclass
@@ -58,49 +53,6 @@ class Options:
     summary: Path | None = None
     worker: str | None = None
     status: bool = True
-
-
-@dataclass
-class Shared:
-    """Shared memory owned by this main process (unlinked at exit)."""
-
-    prefix: str
-    world: Any = None
-    rings: dict[str, FrameRing] = field(default_factory=dict)
-
-    def unlink(self) -> None:
-        for ring in self.rings.values():
-            ring.close()
-            ring.unlink()
-        if self.world is not None:
-            self.world.close()
-            self.world.unlink()
-        unlink_prefix(self.prefix)
-
-
-def _clean_stale_shm() -> None:
-    """Remove shared memory left by daemons that died without cleaning up (dead pids)."""
-    for path in Path("/dev/shm").glob(f"{SHM_PREFIX}*"):
-        parts = path.name.split("-")
-        if len(parts) >= 2 and parts[1].isdigit() and not Path(f"/proc/{parts[1]}").exists():
-            unlink_prefix(f"{SHM_PREFIX}{parts[1]}-")
-
-
-def _create_shared(cfg: Config) -> Shared:
-    _clean_stale_shm()
-    shared = Shared(prefix=f"{SHM_PREFIX}{os.getpid()}-")
-    if cfg.joints.driver == "sim" or any(c.driver == "sim" for c in cfg.cameras.values()):
-        from drivers.sim.world import SimWorld
-
-        shared.world = SimWorld.create(
-            shared.prefix + "world", len(cfg.joints.names), time.monotonic_ns()
-        )
-    for name, cam in cfg.cameras.items():
-        slots = ring_slots(cam.fps, cam.ring_seconds)
-        shared.rings[name] = FrameRing.create(
-            shared.prefix + name, (cam.height, cam.width, 3), slots
-        )
-    return shared
 
 
 class Daemon:
@@ -245,35 +197,6 @@ class Daemon:
 
     # ---- start-up --------------------------------------------------------------------------
 
-    def _control_spec(self) -> str:
-        assert self.shared is not None
-        return json.dumps(
-            {
-                "config": self.cfg.model_dump(mode="json"),
-                "run_id": self.run_id,
-                "up": self.up_ep,
-                "down": self.down_ep,
-                "world": self.shared.world.name if self.shared.world is not None else None,
-                "rings": {n: r.name for n, r in self.shared.rings.items()},
-            }
-        )
-
-    def _camera_spec(self, name: str) -> str:
-        assert self.shared is not None
-        cam = self.cfg.cameras[name]
-        return json.dumps(
-            {
-                "name": name,
-                "driver": cam.driver,
-                "width": cam.width,
-                "height": cam.height,
-                "fps": cam.fps,
-                "options": cam.options,
-                "ring": self.shared.rings[name].name,
-                "world": self.shared.world.name if self.shared.world is not None else None,
-            }
-        )
-
     async def _on_control_exit(self, child: Child, code: int) -> bool:
         log.error("the control process exited (code %s): stopping", code)
         self.exit_code = 1
@@ -300,7 +223,7 @@ class Daemon:
         await sup.start(
             Child(
                 "control",
-                python_module("robotd.control.process", self._control_spec()),
+                control_argv(self.cfg, self.run_id, self.up_ep, self.down_ep, self.shared),
                 on_exit=self._on_control_exit,
             )
         )
@@ -308,103 +231,44 @@ class Daemon:
             await sup.start(
                 Child(
                     f"camera:{name}",
-                    python_module("robotd.camera_proc", self._camera_spec(name)),
+                    camera_argv(self.cfg, name, self.shared),
                     on_exit=self._on_camera_exit,
                 )
             )
         endpoint = self.opts.worker or self.cfg.policy.worker
         if not endpoint:
             endpoint = f"ipc://{self.dir}/worker-{os.getpid()}.sock"
-            argv = python_module(
-                "robotd",
-                "serve",
-                self.cfg.policy.serve,
-                "--bind",
-                endpoint,
-                "--args-json",
-                json.dumps(self.cfg.policy.args),
-            )
+            argv = worker_argv(self.cfg, endpoint)
             await sup.start(Child("worker", argv, on_exit=self._on_worker_exit))
         return endpoint
 
     async def _connect_policy(self, endpoint: str, tg: anyio.abc.TaskGroup) -> None:
-        # Short hellos while the worker comes up, so a dead one is noticed quickly.
-        client = PolicyClient(endpoint, timeout_s=1.0)
-        deadline = time.monotonic() + READY_TIMEOUT_S
-        while True:
-            try:
-                self.handshake = await client.connect(observe=True)
-                client.timeout_s = self.cfg.policy.timeout_s
-                break
-            except (TimeoutError, PolicyError) as exc:
-                if self.worker_failed:
-                    raise StartupError(
-                        f"{self.worker_failed} (policy {self.cfg.policy.serve})"
-                    ) from None
-                if time.monotonic() > deadline:
-                    raise StartupError(
-                        f"policy worker at {endpoint} did not answer hello: {exc}"
-                    ) from None
-                await anyio.sleep(0.2)
-        self.client = client
-        hs = self.handshake
-        configured_obs = (
-            Observations.from_wire(self.cfg.policy.observations, "policy.observations")
-            if self.cfg.policy.observations is not None
-            else None
-        )
-        configured_act = (
-            Actions.from_wire(self.cfg.policy.actions, "policy.actions")
-            if self.cfg.policy.actions is not None
-            else None
-        )
-        obs = choose_contract(hs.observations, configured_obs)
-        actions = hs.actions if hs.actions is not None else configured_act
-        resolved = obs.resolve(self.cfg.control.hz) if obs is not None else None
-        planner = WindowPlanner(resolved, self.cfg.observation_keys)
-        self.steps.keep = planner.lookback + 2 * int(self.cfg.control.hz) + 16
-        self._counters = LinkCounters()
-        self.uplink = make_uplink(
+        assert self.shared is not None
+        pl = await connect_policy(
             self.cfg,
-            hs,
             endpoint,
-            obs,
-            planner,
-            actions,
-            self.steps,
-            self.shared.rings,
-            self._counters,
+            steps=self.steps,
+            rings=self.shared.rings,
+            send_down=self.send_down,
+            worker_failed=lambda: self.worker_failed,
+        )
+        self.handshake, self.client, self.link, self.uplink = (
+            pl.handshake,
+            pl.client,
+            pl.link,
+            pl.uplink,
         )
         if self.uplink is not None:
             tg.start_soon(self.uplink.run)
-        self.link = ActLink(
-            client,
-            planner,
-            self.steps,
-            FrameSource(self.shared.rings),
-            self.send_down,
-            control_hz=self.cfg.control.hz,
-            actions=actions,
-            camera_names=set(self.cfg.cameras),
-            uplink=self.uplink,
-            stream_wait_s=self.cfg.policy.stream_wait_s,
-            counters=self._counters,
-        )
         self.summary.link_counters = self.link.counters.uploads
-        olh = actions.open_loop_horizon if actions is not None else None
+        olh = pl.actions.open_loop_horizon if pl.actions is not None else None
         self.send_down({"k": "contract", "open_loop_horizon": olh})
-        log.info(
-            "policy %s at %s: streams %s",
-            hs.policy,
-            endpoint,
-            sorted(resolved.keys) if resolved else "undeclared (the act's own step)",
-        )
 
     # ---- the run ---------------------------------------------------------------------------
 
     async def run(self) -> int:
         self.steps = StepRing(keep=256)
-        self.shared = _create_shared(self.cfg)
+        self.shared = create_shared(self.cfg)
         try:
             async with anyio.create_task_group() as tg:
                 self.up.bind(self.up_ep)
