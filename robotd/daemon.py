@@ -87,6 +87,7 @@ class Daemon:
         self.up.setsockopt(zmq.LINGER, 0)
         self.handshake: Handshake | None = None
         self.worker_failed = ""
+        self._refill_warned = False
         self.client: PolicyClient | None = None
         self.sup: Supervisor | None = None
 
@@ -147,6 +148,7 @@ class Daemon:
             self.summary.on_stats(msg)
             self.state = msg.get("state", self.state)
             sdnotify.tick_progress(int(msg.get("ticks", 0)))
+            self._check_refill()
         elif kind == "state":
             self.state = {k: v for k, v in msg.items() if k != "k"}
         elif kind == "reply":
@@ -162,6 +164,24 @@ class Daemon:
             self.ready.set()
         elif kind in ("shield", "bye"):
             pass
+
+    def _check_refill(self) -> None:
+        """Realtime: say once when acts take longer than the rows left at the ask cover."""
+        c = self.cfg.control
+        if self._refill_warned or c.timing != "realtime":
+            return
+        lat = self.summary.ask_latency()
+        if lat["count"] >= 5 and lat["steps"]["p50"] > c.refill_steps:
+            self._refill_warned = True
+            log.warning(
+                "acts take %d steps (p50, %.0f ms) but control.refill_steps is %d: the queue "
+                "runs dry before every chunk and the robot holds; raise refill_steps to at "
+                "least %d (and keep the policy's horizon above it)",
+                lat["steps"]["p50"],
+                lat["ms"]["p50"],
+                c.refill_steps,
+                lat["steps"]["p50"] + 1,
+            )
 
     def _on_event(self, msg: dict[str, Any], tg: anyio.abc.TaskGroup) -> None:
         name = msg.get("name")

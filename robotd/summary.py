@@ -11,6 +11,7 @@ from typing import Any
 
 import numpy as np
 
+from robotd.control.counters import AskLatency
 from robotd.control.histogram import LatencyHistogram
 from robotd.link.session import UPLOAD_COUNTERS
 
@@ -70,6 +71,10 @@ class RunSummary:
         live = self.link_counters() if self.link_counters is not None else {}
         return {k: int(live.get(k, 0)) for k in UPLOAD_COUNTERS}
 
+    def ask_latency(self) -> dict[str, Any]:
+        """Ask → chunk latency p50/p99 in steps and ms (the lane ships the raw counts)."""
+        return AskLatency.from_wire(self.stats.get("ask_latency")).summary()
+
     def lateness(self) -> dict[str, float]:
         wire = self.stats.get("lateness")
         if not wire:
@@ -100,8 +105,7 @@ class RunSummary:
             "stale_chunks": s.get("stale_chunks", 0),
             "rows_dropped": s.get("rows_dropped", 0),
             "stale_rows_played": s.get("stale_rows_played", 0),
-            "ask_latency": s.get("ask_latency")
-            or {"count": 0, "steps": {"p50": 0, "p99": 0}, "ms": {"p50": 0.0, "p99": 0.0}},
+            "ask_latency": self.ask_latency(),
             "episode_resets": s.get("episode_resets", 0),
             "interventions": s.get("interventions", 0),
             "invalid_observations": s.get("invalid_observations", 0),

@@ -38,6 +38,7 @@ from drivers.sim.arm import SimArm
 from drivers.sim.world import SimWorld
 from robotd.config import Config
 from robotd.contract import Actions
+from robotd.control.counters import AskLatency
 from robotd.control.episode import State
 from robotd.control.kernel import Chunk, Kernel
 from robotd.link.session import StepRing, resample
@@ -363,6 +364,7 @@ class _Trace:
     def result(self, kernel: Kernel, cfg: Config, events: list[dict[str, Any]]) -> VirtualResult:
         tracking = self.tracking[self.running]
         counters = kernel.stats()
+        counters["ask_latency"] = AskLatency.from_wire(counters["ask_latency"]).summary()
         return VirtualResult(
             played=self.played,
             held=self.held,

@@ -201,3 +201,44 @@ def test_starved_episode_reports_the_steps_it_ran():
         rig.tick()
     (end,) = rig.events("episode_end")
     assert end["outcome"] == "starved" and end["steps"] == 4
+
+
+def test_skipped_deadlines_are_steps_and_rows_keep_their_time():
+    rig = started('control.timing="realtime"', "control.refill_steps=0")
+    rig.tick()
+    ask = rig.asks()[0]
+    rows = np.array([[0.1 + 0.01 * i, 0.2, 0.0] for i in range(10)])
+    rig.k.deliver(Chunk(ask["id"], ask["wep"], ask["s"], rows))
+    rig.tick()  # step 1 plays row 1
+    rig.t += 2 * DT_NS
+    target = rig.k.update(
+        rig.t + DT_NS,
+        JointState(rig.pos, np.zeros(3), np.zeros(3), rig.t),
+        {n: (1, rig.t) for n in rig.cfg.cameras},
+        skipped=2,
+    )
+    assert rig.k.step == 5 and rig.k.counters.skipped_steps == 2
+    assert np.allclose(target, rows[4])  # step 4's row, not step 2's
+    steps = [m for m in rig.out if m["k"] == "step"]
+    assert [m["s"] for m in steps] == [0, 1, 2, 3, 4]
+    assert steps[2]["skipped"] and steps[3]["skipped"] and "skipped" not in steps[4]
+    assert steps[2]["pos"] == steps[1]["pos"]  # nothing was read: the last reading stands
+
+
+def test_a_failed_read_is_a_step_too():
+    rig = started('control.timing="realtime"')
+    rig.tick()
+    rig.tick(joints=False)
+    rig.tick()
+    assert rig.k.step == 3 and rig.k.counters.skipped_steps == 1
+
+
+def test_rejection_holds_count_towards_the_watchdog():
+    rig = started("safety.reject_run=100", "control.max_hold_steps=5")
+    rig.tick()
+    ask = rig.asks()[0]
+    rig.k.deliver(Chunk(ask["id"], ask["wep"], ask["s"], np.full((8, 3), 9.0)))
+    for _ in range(4):
+        rig.tick()
+    assert rig.k.counters.max_consecutive_holds == 5
+    assert rig.events("episode_end")[0]["outcome"] == "starved"

@@ -321,3 +321,14 @@ def test_watchdog_resets_on_played_row() -> None:
     assert [w.held(), w.held(), w.held(), w.held()] == [False, False, True, False]
     with pytest.raises(ValueError, match="max_hold_steps must be >= 1"):
         Watchdog(0)
+
+
+def test_fade_starts_from_what_was_commanded_not_the_row_popped() -> None:
+    q = ActionQueue(QueueConfig(dim=1, timing="realtime", merge="fade", fade_steps=4))
+    q.merge(np.array([[0.0], [1.0], [2.0]]), 0, 0)
+    q.pop(0)
+    q.commanded(np.array([0.5]))  # the shield clamped the robot short of the row
+    q.merge(np.array([[10.0], [11.0], [12.0], [13.0], [14.0]]), 1, 1)
+    first = q.pop(1)
+    # offset 0.5 - 10 = -9.5 fades over 4 rows: row 0 keeps 3/4 of it
+    assert first[0] == pytest.approx(10.0 - 9.5 * 0.75)

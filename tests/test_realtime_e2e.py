@@ -175,7 +175,7 @@ def run_step_encoder(workdir: Path, name: str, *overrides: str) -> tuple[dict, d
         workdir / name,
         'policy.serve="stepmod:StepEncoder"',
         f'policy.args.report="{report}"',
-        "policy.args.latency_ms=100",
+        "policy.args.latency_ms=150",
         "policy.args.horizon=16",
         "control.refill_steps=8",
         "cameras={}",
@@ -200,3 +200,18 @@ def test_naive_realtime_is_caught_playing_late_rows(workdir: Path) -> None:
     assert summary["chunks"] >= 5, summary
     assert found["stale"] >= 20 and found["ahead"] == 0, found
     assert summary["stale_rows_played"] >= 20, summary
+
+
+@pytest.mark.parametrize("merge", ["fade", "ensemble"])
+def test_blending_merges_run_end_to_end_through_the_local_worker(workdir: Path, merge: str) -> None:
+    summary = run_daemon(
+        workdir / merge,
+        f'control.merge="{merge}"',
+        "control.refill_steps=8",
+        "policy.args.latency_ms=150",
+    )
+    assert summary["chunks"] >= 5 and summary["rows_dropped"] > 0, summary
+    assert summary["state"] == "RUNNING" and summary["act_failures"] == 0, summary
+    # after the first chunk the queue never ran dry: refill 8 covers 150 ms (5 steps)
+    assert summary["max_consecutive_holds"] <= summary["ask_latency"]["steps"]["p99"] + 1, summary
+    assert summary["tracking_error"]["mean"] < 0.2, summary

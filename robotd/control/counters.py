@@ -24,6 +24,7 @@ class Counters:
     invalid_observations: int = 0
     driver_errors: int = 0
     bad_chunks: int = 0
+    skipped_steps: int = 0  # steps whose tick an overrun skipped (nothing read, nothing played)
     stale_rows_played: int = 0  # realtime: rows played after the step they were meant for
 
 
@@ -46,6 +47,20 @@ class AskLatency:
             if seen >= rank:
                 return value
         return 0
+
+    def to_wire(self) -> dict[str, Any]:
+        """Plain data for the lane's stats message: cheap to build; the main process
+        computes the percentiles (`from_wire(...).summary()`), not the control lane."""
+        return {"steps": [[k, n] for k, n in self.steps.items()], "ns": self.ns.to_wire()}
+
+    @classmethod
+    def from_wire(cls, data: Any) -> AskLatency:
+        out = cls()
+        if not data:
+            return out
+        out.steps = {int(k): int(n) for k, n in data["steps"]}
+        out.ns = LatencyHistogram.from_wire(data["ns"])
+        return out
 
     def summary(self) -> dict[str, Any]:
         """{"count", "steps": {"p50", "p99"}, "ms": {"p50", "p99"}}; zeros when empty."""

@@ -81,7 +81,10 @@ class Kernel:
         self._wep_n = 0
         self.watchdog = Watchdog(cfg.control.max_hold_steps)
         self._grippers = list(cfg.joints.gripper_indices())
+        self._absolute = cfg.control.control_mode == "absolute"
         self._end_after_tick = ""  # an outcome decided mid-tick, applied once the step is counted
+        self._last_record: dict[str, Any] | None = None  # what a skipped step reads
+        self._skip = 0  # steps to skip before this tick's own (overruns, failed reads)
         self._driver_fail_run = 0
         self.torque_on = True
         self._torque_off_at_tick: int | None = None
@@ -146,7 +149,7 @@ class Kernel:
             # stale chunks whole) and at pop
             "rows_dropped": q.rows_dropped + q.merge_dropped,
             "merge_dropped": q.merge_dropped,
-            "ask_latency": self.playback.ask_latency.summary(),
+            "ask_latency": self.playback.ask_latency.to_wire(),
             "interventions": s.interventions,
             "clipped": s.clipped,
             "clamped": s.clamped,
@@ -191,12 +194,16 @@ class Kernel:
         joints: JointState | None,
         frames: dict[str, tuple[int, int] | None],
         truth: dict[str, float] | None = None,
+        skipped: int = 0,
     ) -> np.ndarray | None:
-        """One tick. `joints` None means the read failed this tick. Returns the target to
+        """One tick. `joints` None means the read failed this tick; `skipped` counts the
+        deadlines the ticker skipped just before it (an overrun). Returns the target to
         write, or None when nothing may be written (torque off or no joint state yet)."""
         self.counters.ticks += 1
         self._now_ns = now_ns
+        self._skip += skipped
         if joints is None:
+            self._skip += 1  # a tick without a read is a step nothing was read at
             return self._driver_trouble()
         self._driver_fail_run = 0
         if not self._anchored:
@@ -207,7 +214,12 @@ class Kernel:
             self.machine.begin_reset()
         self._check_torque()
         if self.machine.state is not State.RUNNING:
+            self._skip = 0
             return self._held(None)
+        if self._skip:
+            n, self._skip = self._skip, 0
+            if not self._skip_steps(n):
+                return self._held(None)
         valid = self._record_step(now_ns, joints, frames, truth)
         pb = self.playback
         pb.merge_pending(wep=self.wep, step=self.step, now_ns=now_ns)
@@ -215,6 +227,8 @@ class Kernel:
             self._ask()
         row = pb.pop(self.step)
         target = self._play(row) if row is not None else self._held(self.step)
+        if self._absolute and target is not None:
+            pb.queue.commanded(target)
         self.step += 1
         self.counters.steps += 1
         limit = self.cfg.control.max_steps
@@ -227,6 +241,24 @@ class Kernel:
 
     # ---- pieces of the tick ----------------------------------------------------------------
 
+    def _skip_steps(self, skipped: int) -> bool:
+        """Steps are ticks of the wall clock: an overrun's skipped deadlines are steps too, so
+        rows keep their meant-for time (the queue drops the passed ones). Nothing was read at
+        them; each reads what the drivers last held (the previous step's record, marked).
+        False when the skipped steps reached max_steps and ended the episode."""
+        last = self._last_record
+        for _ in range(skipped):
+            if last is not None:
+                self.emit({**last, "s": self.step, "gt": None, "skipped": True})
+            self.step += 1
+            self.counters.steps += 1
+            self.counters.skipped_steps += 1
+            limit = self.cfg.control.max_steps
+            if limit and self.step >= limit:
+                self._end_episode("max_steps")
+                return False
+        return True
+
     def _record_step(self, now_ns, joints, frames, truth) -> bool:
         cams = {}
         valid = True
@@ -237,20 +269,20 @@ class Kernel:
                 valid = False
         if not valid:
             self.counters.invalid_observations += 1
-        self.emit(
-            {
-                "k": "step",
-                "ep": self.machine.episode,
-                "wep": self.wep,
-                "s": self.step,
-                "t": now_ns,
-                "pos": joints.position.tolist(),
-                "vel": joints.velocity.tolist(),
-                "cams": cams,
-                "ok": valid,
-                "gt": truth or None,
-            }
-        )
+        record = {
+            "k": "step",
+            "ep": self.machine.episode,
+            "wep": self.wep,
+            "s": self.step,
+            "t": now_ns,
+            "pos": joints.position.tolist(),
+            "vel": joints.velocity.tolist(),
+            "cams": cams,
+            "ok": valid,
+            "gt": truth or None,
+        }
+        self._last_record = record
+        self.emit(record)
         return valid
 
     def _ask(self) -> None:
@@ -289,16 +321,16 @@ class Kernel:
                     "safety",
                     f"{self.cfg.safety.reject_run} rejected actions in a row: {verdict.reason}",
                 )
-            return self._held(self.step, count_watchdog=False)
+            return self._held(self.step)
         self.watchdog.played()
         return verdict.target
 
-    def _held(self, step: int | None, count_watchdog: bool = True) -> np.ndarray | None:
+    def _held(self, step: int | None) -> np.ndarray | None:
         target = self.shield.hold() if self._anchored else None
         if step is None:
             return target if self.torque_on else None
         self.counters.holds += 1
-        if count_watchdog and self.watchdog.held():
+        if self.watchdog.held():
             self.counters.starved_episodes += 1
             self._end_after_tick = "starved"
         c = self.counters
@@ -334,6 +366,7 @@ class Kernel:
         self._wep_n += 1
         self.wep = f"{self.run_id}-{self._wep_n}"
         self.step = 0
+        self._last_record = None
         return self.playback.reset(keep_seam=keep_seam)
 
     def _end_episode(self, outcome: str) -> bool:

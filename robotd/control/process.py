@@ -164,7 +164,7 @@ class ControlLane:
             }
         )
 
-    def _tick_io(self) -> None:
+    def _tick_io(self, skipped: int) -> None:
         try:
             joints = self.driver.read()
         except DriverFault as exc:
@@ -174,7 +174,7 @@ class ControlLane:
             )
         frames = {name: ring.latest() for name, ring in self.rings.items()}
         truth = self.driver.ground_truth() if self.has_truth else None
-        target = self.kernel.update(time.monotonic_ns(), joints, frames, truth)
+        target = self.kernel.update(time.monotonic_ns(), joints, frames, truth, skipped)
         if self.kernel.torque_on != self.torque:
             self.torque = self.kernel.torque_on
             try:
@@ -212,7 +212,7 @@ class ControlLane:
                         }
                     )
             self._drain()
-            self._tick_io()
+            self._tick_io(tick.skipped)
             if first:
                 self._send({"k": "ready", "pid": os.getpid(), "warnings": self.warnings})
                 first = False

@@ -282,6 +282,13 @@ class ActionQueue:
         self._played_step = step
         return self._last_ro
 
+    def commanded(self, target: np.ndarray) -> None:
+        """What the robot was really commanded this tick (after the shield: a clamp, a
+        rejection, a hold): the seam a fade starts from. Absolute targets only; without it
+        the seam is the last row popped."""
+        np.copyto(self._last, target)
+        self._has_last = True
+
     def flush(self, *, keep_seam: bool = False) -> int:
         """Empty the queue (episode reset, fault); returns the rows discarded.
 

@@ -180,7 +180,7 @@ class OperatorServer:
                         **{k: s.stats.get(k, 0) for k in TELEMETRY_COUNTERS},
                         **s.uploads(),
                     },
-                    "ask_latency": s.stats.get("ask_latency"),
+                    "ask_latency": s.ask_latency(),
                 }
                 with contextlib.suppress(zmq.Again):  # no subscriber keeping up: skip this one
                     await self.pub.send_multipart([b"status", wire.packb(msg)], zmq.NOBLOCK)
