@@ -156,6 +156,7 @@ class Config(_Model):
                 raise ValueError(f"safety.{key}: needs one value per joint ({n}), got {len(vals)}")
             if vals is not None and any(v <= 0 for v in vals):
                 raise ValueError(f"safety.{key}: every value must be > 0, got {vals}")
+        self._check_contract()
         clash = set(self.cameras) & {"joints.pos", "joints.vel"}
         for name in self.cameras:
             if not name or not name.replace("_", "").replace("-", "").isalnum():
@@ -172,6 +173,26 @@ class Config(_Model):
                 "robots only; a real robot starts 'latched'"
             )
         return self
+
+    def _check_contract(self) -> None:
+        """A contract declared here (for servers that cannot) is checked at load, not at run."""
+        from robotd.contract import Actions, ContractError, Observations
+
+        p = self.policy
+        try:
+            if p.observations is not None:
+                obs = Observations.from_wire(p.observations, "policy.observations")
+                obs.resolve(self.control.hz)
+                unknown = sorted(set(obs.streams) - set(self.observation_keys))
+                if unknown:
+                    raise ValueError(
+                        f"policy.observations.streams: {unknown} are not observation keys of "
+                        f"this robot {self.observation_keys}"
+                    )
+            if p.actions is not None:
+                Actions.from_wire(p.actions, "policy.actions")
+        except ContractError as exc:
+            raise ValueError(str(exc)) from None
 
     @property
     def observation_keys(self) -> list[str]:

@@ -149,3 +149,15 @@ def test_run_refuses_the_virtual_clock(capsys):
 
     assert main(["run", "--set", 'control.clock="virtual"']) == 2
     assert "control.clock: 'virtual' runs in one process" in capsys.readouterr().err
+
+
+def test_a_contract_in_the_config_is_checked_at_load():
+    bad_offset = r"policy\.observations\.streams\['top'\]\.at.*offset 3 > 0"
+    with pytest.raises(ConfigError, match=bad_offset):
+        load_config(None, ["policy.observations={streams={top={at=[3,0]}}}"])
+    with pytest.raises(ConfigError, match=r"\['side'\] are not observation keys"):
+        load_config(None, ["policy.observations={streams={side={}}}"])
+    with pytest.raises(ConfigError, match=r"policy\.actions"):
+        load_config(None, ["policy.actions={hz=-1}"])
+    cfg = load_config(None, ["policy.observations={streams={top={at=[-3,0]}}}"])
+    assert cfg.policy.observations == {"streams": {"top": {"at": [-3, 0]}}}
