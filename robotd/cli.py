@@ -104,6 +104,8 @@ def main(argv: list[str] | None = None) -> int:
         except PolicyLoadError as exc:
             print(f"robotd serve: {exc}", file=sys.stderr)
             return 2
+        except KeyboardInterrupt:  # Ctrl-C reaches the whole process group: a clean stop
+            return 0
         return 0
     try:
         cfg = load_config(args.config, args.overrides)

@@ -15,7 +15,14 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
 from robotd.errors import ConfigError, format_validation_error
 
@@ -124,11 +131,28 @@ class PolicyConfig(_Model):
     actions: dict[str, Any] | None = None
 
 
+# The longest socket name robotd makes in the run directory, and the kernel's limit on
+# a unix socket path (sun_path, 108 bytes with its NUL).
+_LONGEST_SOCKET = "/worker-4194304-o.sock"
+_SUN_PATH_MAX = 107
+
+
 class RuntimeConfig(_Model):
     dir: str = ""  # run directory; empty = $RUNTIME_DIRECTORY or /tmp/robotd-<uid>
     control_endpoint: str = ""  # operator socket; empty = ipc://<dir>/control.sock
     telemetry_endpoint: str = ""  # empty = ipc://<dir>/telemetry.sock
     telemetry_hz: float = Field(10.0, gt=0, le=100)
+
+    @field_validator("dir")
+    @classmethod
+    def _socket_paths_fit(cls, value: str) -> str:
+        longest = len(os.fsencode(value)) + len(_LONGEST_SOCKET)
+        if value and longest > _SUN_PATH_MAX:
+            raise ValueError(
+                f"{value!r} is too long for the ipc sockets robotd makes in it "
+                f"({longest} > {_SUN_PATH_MAX} bytes); choose a shorter run directory"
+            )
+        return value
 
 
 class Config(_Model):
@@ -208,7 +232,8 @@ def _parse_value(text: str) -> Any:
         return text
 
 
-def _apply_override(raw: dict[str, Any], assignment: str) -> None:
+def _apply_override(raw: dict[str, Any], assignment: str) -> str:
+    """Set one dotted key from KEY=VALUE; returns the key."""
     if "=" not in assignment:
         raise ConfigError(f"--set {assignment!r}: expected KEY=VALUE (e.g. control.hz=100)")
     key, _, text = assignment.partition("=")
@@ -223,6 +248,7 @@ def _apply_override(raw: dict[str, Any], assignment: str) -> None:
             raise ConfigError(f"--set {key}: {where} is a value, not a table")
         node = child
     node[parts[-1]] = _parse_value(text.strip())
+    return ".".join(parts)
 
 
 def load_config(
@@ -235,6 +261,10 @@ def load_config(
         text = path.read_text()
     except FileNotFoundError:
         raise ConfigError(f"{where}: no such config file") from None
+    except UnicodeDecodeError as exc:
+        raise ConfigError(
+            f"{where}: not UTF-8 text (byte {exc.start}): a TOML file is UTF-8"
+        ) from None
     except OSError as exc:
         raise ConfigError(f"{where}: cannot read: {exc.strerror}") from None
     try:
@@ -248,12 +278,15 @@ def config_from_dict(
     raw: dict[str, Any], *, where: str = "<config>", overrides: Iterable[str] = ()
 ) -> Config:
     raw = copy.deepcopy(raw)
+    overridden = set()
     for assignment in overrides:
-        _apply_override(raw, assignment)
+        overridden.add(_apply_override(raw, assignment))
     try:
         cfg = Config.model_validate(raw)
     except ValidationError as exc:
-        raise ConfigError(format_validation_error(exc, where)) from None
+        raise ConfigError(
+            format_validation_error(exc, where, overridden=frozenset(overridden))
+        ) from None
     _check_driver_options(cfg, where)
     return cfg
 

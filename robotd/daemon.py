@@ -9,6 +9,7 @@ SIGINT/SIGTERM or the end of --duration stops everything and writes the summary.
 
 from __future__ import annotations
 
+import fcntl
 import logging
 import os
 import secrets
@@ -64,6 +65,7 @@ class Daemon:
         self.run_id = secrets.token_hex(3)
         self.dir = runtime_dir(cfg)
         self.dir.mkdir(parents=True, exist_ok=True, mode=0o750)
+        self._lock = lock_run_dir(self.dir)  # before any socket in it is touched
         pid = os.getpid()
         self.up_ep = f"ipc://{self.dir}/up-{pid}.sock"
         # The lane's inbound socket has a fixed name: `robotctl estop` falls back to it when
@@ -72,6 +74,7 @@ class Daemon:
         self.summary = RunSummary(cfg.control.hz)
         self.ready = anyio.Event()
         self.stop = anyio.Event()
+        self.lane_done = anyio.Event()  # the control lane said "bye" after its last stats
         self.state: dict[str, Any] = {}
         self.exit_code = 0
         self.link: ActLink | None = None
@@ -86,6 +89,7 @@ class Daemon:
         self.up = self.ctx.socket(zmq.PULL)
         self.up.setsockopt(zmq.LINGER, 0)
         self.handshake: Handshake | None = None
+        self._main_scope: anyio.CancelScope | None = None  # start-up and run; a signal cancels it
         self.worker_failed = ""
         self._refill_warned = False
         self.client: PolicyClient | None = None
@@ -162,7 +166,9 @@ class Daemon:
             for w in msg.get("warnings", []):
                 log.warning("control lane: %s", w)
             self.ready.set()
-        elif kind in ("shield", "bye"):
+        elif kind == "bye":
+            self.lane_done.set()
+        elif kind == "shield":
             pass
 
     def _check_refill(self) -> None:
@@ -196,6 +202,8 @@ class Daemon:
                 "bad_message",
                 "loop_died",
                 "act_failed",
+                "bad_chunk",
+                "kernel_error",
                 "episode_reset",
                 "rt_warning",
             )
@@ -220,7 +228,7 @@ class Daemon:
     async def _on_control_exit(self, child: Child, code: int) -> bool:
         log.error("the control process exited (code %s): stopping", code)
         self.exit_code = 1
-        self.stop.set()
+        self._stop_now()  # also when it dies during start-up
         return False
 
     async def _on_camera_exit(self, child: Child, code: int) -> bool:
@@ -288,14 +296,19 @@ class Daemon:
 
     async def run(self) -> int:
         self.steps = StepRing(keep=256)
-        self.shared = create_shared(self.cfg)
         try:
+            self.shared = create_shared(self.cfg)
             async with anyio.create_task_group() as tg:
                 self.up.bind(self.up_ep)
                 tg.start_soon(self._receive_up, tg)
                 self.sup = Supervisor(tg)
                 try:
-                    await self._main(tg)
+                    # --duration counts from the start; a signal cancels start-up waits too.
+                    with anyio.move_on_after(self.opts.duration) as self._main_scope:
+                        tg.start_soon(self._signals)
+                        await self._main(tg)
+                    if self.handshake is None and self._main_scope.cancelled_caught:
+                        log.warning("stopped during start-up: no policy worker had answered")
                 finally:
                     with anyio.CancelScope(shield=True):
                         await self._shutdown()
@@ -308,11 +321,14 @@ class Daemon:
 
     async def _main(self, tg: anyio.abc.TaskGroup) -> None:
         assert self.sup is not None
-        tg.start_soon(self._signals)
         endpoint = await self._start_children(self.sup)
         self.down.connect(self.down_ep)
-        with anyio.fail_after(READY_TIMEOUT_S):
+        with anyio.move_on_after(READY_TIMEOUT_S):
             await self.ready.wait()
+        if not self.ready.is_set():
+            log.error("the control lane did not start ticking within %g s", READY_TIMEOUT_S)
+            self.exit_code = 1
+            return
         try:
             await self._connect_policy(endpoint, tg)
         except (StartupError, ContractError) as exc:
@@ -325,18 +341,19 @@ class Daemon:
             tg.start_soon(StatusLine(self).run)
         sdnotify.notify("READY=1", f"STATUS=running at {self.cfg.control.hz:g} Hz")
         tg.start_soon(sdnotify.watchdog_loop, lambda: self.state.get("state", "?"))
-        if self.opts.duration is not None:
-            with anyio.move_on_after(self.opts.duration):
-                await self.stop.wait()
-        else:
-            await self.stop.wait()
+        await self.stop.wait()
 
     async def _signals(self) -> None:
         with anyio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
             async for signum in signals:
                 log.info("%s: stopping (the robot holds)", signal.Signals(signum).name)
-                self.stop.set()
+                self._stop_now()
                 return
+
+    def _stop_now(self) -> None:
+        self.stop.set()
+        if self._main_scope is not None:
+            self._main_scope.cancel()
 
     async def _shutdown(self) -> None:
         sdnotify.notify("STOPPING=1")
@@ -356,15 +373,9 @@ class Daemon:
             self.send_down({"k": "stop"})
             with anyio.move_on_after(3.0):
                 await control.exited.wait()
-            # Give the receiver a moment to take the lane's last stats from the socket.
+            # The lane's last stats come just before its "bye" (taken by _receive_up).
             with anyio.move_on_after(0.5):
-                while True:
-                    data = await self.up.recv()
-                    msg = wire.unpackb(data)
-                    if msg.get("k") == "stats":
-                        self.summary.on_stats(msg)
-                    if msg.get("k") == "bye":
-                        break
+                await self.lane_done.wait()
         if self.sup is not None:
             await self.sup.stop_all(grace_s=5.0, first=("control",))
         if self.client is not None:
@@ -380,9 +391,33 @@ class Daemon:
             self.shared.unlink()
 
 
+def lock_run_dir(run_dir: Path) -> int:
+    """Hold `run_dir/robotd.pid` locked for the daemon's life: one daemon per run directory,
+    since its sockets (control.sock, lane.sock) have fixed names there."""
+    path = run_dir / "robotd.pid"
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o640)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        holder = os.pread(fd, 32, 0).decode(errors="replace").strip() or "?"
+        os.close(fd)
+        raise StartupError(
+            f"runtime.dir {run_dir} is in use by robotd pid {holder} (lock {path}); "
+            "give each daemon its own runtime.dir"
+        ) from None
+    os.ftruncate(fd, 0)
+    os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+    return fd
+
+
 def run(cfg: Config, opts: Options) -> int:
     """Run the daemon until a signal, --duration or a fatal error; returns the exit code."""
-    return anyio.run(Daemon(cfg, opts).run, backend_options={"use_uvloop": True})
+    try:
+        daemon = Daemon(cfg, opts)
+    except StartupError as exc:
+        log.error("%s", exc)
+        return 2
+    return anyio.run(daemon.run, backend_options={"use_uvloop": True})
 
 
 def setup_logging(verbose: bool = False) -> None:

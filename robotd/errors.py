@@ -54,14 +54,20 @@ def _rule(err: dict[str, Any]) -> str:
     return f"{err.get('msg', 'invalid')}, got {got!r}"
 
 
-def format_validation_error(exc: ValidationError, where: str, prefix: str = "") -> str:
-    """One line per problem: ``<where>: <key.path>: <rule>``."""
+def format_validation_error(
+    exc: ValidationError, where: str, prefix: str = "", overridden: frozenset[str] = frozenset()
+) -> str:
+    """One line per problem: ``<where>: <key.path>: <rule>``; a key given by --set is named
+    as such (``--set control.hz: must be > 0, got -5``)."""
     lines = []
     for err in exc.errors():
         path = _loc(tuple(err.get("loc", ())))
         if prefix:
             path = f"{prefix}.{path}" if path else prefix
         rule = _rule(err)
+        if path and any(path == k or path.startswith(k + ".") for k in overridden):
+            lines.append(f"--set {path}: {rule}")
+            continue
         # A model-level validator names its own key ("lower: ..."); keep it under the prefix.
         lines.append(f"{where}: {path}: {rule}" if path else f"{where}: {rule}")
     return "\n".join(lines)

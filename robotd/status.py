@@ -11,7 +11,7 @@ import anyio
 def format_status(stats: dict[str, Any], state: dict[str, Any], hz: float, p99_us: float) -> str:
     return (
         f"{state.get('state', '?'):<9} ep {state.get('episode', 0)} step {state.get('step', 0):>6} "
-        f"| {hz:6.1f} Hz p99 {p99_us / 1000:6.2f} ms missed {stats.get('missed_ticks', 0)} "
+        f"| {hz:6.1f} Hz p99 {p99_us:7.0f} µs missed {stats.get('missed_ticks', 0)} "
         f"| queue {state.get('queue', 0):>3} acts {stats.get('acts', 0)} "
         f"holds {stats.get('holds', 0)} shield {stats.get('interventions', 0)}"
     )

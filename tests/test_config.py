@@ -161,3 +161,22 @@ def test_a_contract_in_the_config_is_checked_at_load():
         load_config(None, ["policy.actions={hz=-1}"])
     cfg = load_config(None, ["policy.observations={streams={top={at=[-3,0]}}}"])
     assert cfg.policy.observations == {"streams": {"top": {"at": [-3, 0]}}}
+
+
+def test_errors_name_a_set_override_as_such(tmp_path):
+    with pytest.raises(ConfigError) as err:
+        load_config(None, ["control.hz=-5"])
+    assert str(err.value) == "--set control.hz: must be > 0, got -5"
+
+
+def test_a_config_that_is_not_utf8(tmp_path):
+    path = tmp_path / "x.toml"
+    path.write_bytes(b'name = "\xff"\n')
+    with pytest.raises(ConfigError, match=r"x\.toml: not UTF-8 text"):
+        load_config(path)
+
+
+def test_a_run_dir_too_long_for_ipc_sockets():
+    long_dir = "/tmp/" + "x" * 100
+    with pytest.raises(ConfigError, match=r"--set runtime\.dir: .* too long for the ipc sockets"):
+        load_config(None, [f'runtime.dir="{long_dir}"'])

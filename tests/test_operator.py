@@ -95,6 +95,9 @@ def test_malformed_requests_get_an_error_and_change_nothing(daemon, client, payl
     reply = raw_request(daemon.control_endpoint, payload)
     assert reply["ok"] is False
     assert reply["error"]["code"] == code and words in reply["error"]["message"]
+    sent = wire.unpackb(payload) if payload[:1] != b"\xc1" else None
+    if isinstance(sent, dict) and "id" in sent:
+        assert reply["id"] == sent["id"]  # a client matches the error to its request
     assert client.request("status")["result"]["state"] == before
 
 

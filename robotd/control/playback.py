@@ -106,14 +106,12 @@ class Playback:
         rows = chunk.rows
         dim = self._qcfg.dim
         if rows.ndim != 2 or rows.shape[1] != dim or rows.shape[0] == 0:
-            self.counters.bad_chunks += 1
-            self._event("bad_chunk", ask=chunk.ask_id, shape=list(rows.shape), dim=dim)
+            self._bad(chunk, f"rows of shape {list(rows.shape)}; this robot needs (H >= 1, {dim})")
             return
         try:
             result = self.queue.merge(rows, chunk.step, step)
         except ValueError as exc:  # NaN/inf or non-numeric rows: refused whole, hold
-            self.counters.bad_chunks += 1
-            self._event("bad_chunk", ask=chunk.ask_id, error=str(exc)[:200])
+            self._bad(chunk, str(exc)[:200])
             return
         self.counters.chunks += 1
         self.ask_latency.add(step - chunk.step, now_ns - self._ask_ns)
@@ -129,6 +127,13 @@ class Playback:
                 "stale": result.stale,
             }
         )
+
+    def _bad(self, chunk: Chunk, why: str) -> None:
+        """A chunk refused whole: counted, reported, and the next ask backs off like a failed
+        act, so a policy that always answers wrong is not asked (and logged) every tick."""
+        self.counters.bad_chunks += 1
+        self._retry_at_tick = self.counters.ticks + max(1, int(RETRY_AFTER_S / self.dt))
+        self._event("bad_chunk", ask=chunk.ask_id, error=why)
 
     def pop(self, step: int) -> np.ndarray | None:
         """The row for this step, or None (hold). In realtime, a row the queue's own

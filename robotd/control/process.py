@@ -32,7 +32,7 @@ from robotd.control.episode import CommandRefused
 from robotd.control.histogram import LatencyHistogram
 from robotd.control.kernel import Chunk, Kernel
 from robotd.control.rt import enable_realtime, freeze_gc
-from robotd.control.ticker import OverrunLog, Ticker
+from robotd.control.ticker import OverrunLog, RateLimiter, Ticker
 from robotd.procutil import die_with_parent, install_stop_signals
 from robotd.shm import FrameRing
 
@@ -83,6 +83,8 @@ class ControlLane:
         self.driver.torque(True)
         self.torque = True
         self.warnings: list[str] = []
+        self._error_log = RateLimiter(200_000_000)  # at most 5 error events a second
+        self.died = False
 
     # ---- messaging -------------------------------------------------------------------------
 
@@ -164,28 +166,52 @@ class ControlLane:
             }
         )
 
+    def _driver_error(self, what: str, exc: Exception) -> None:
+        # Any exception from a driver (not only DriverFault: a serial OSError, a bug in a
+        # plugin) is a failed operation this tick, never the end of the loop.
+        if self._error_log.allow(time.monotonic_ns()):
+            joint = getattr(exc, "joint", None)
+            self._send(
+                {
+                    "k": "event",
+                    "name": "driver_error",
+                    "op": what,
+                    "error": f"{type(exc).__name__}: {exc}",
+                    "joint": joint,
+                }
+            )
+
     def _tick_io(self, skipped: int) -> None:
         try:
             joints = self.driver.read()
-        except DriverFault as exc:
+        except Exception as exc:
             joints = None
-            self._send(
-                {"k": "event", "name": "driver_error", "error": str(exc), "joint": exc.joint}
-            )
+            self._driver_error("read", exc)
         frames = {name: ring.latest() for name, ring in self.rings.items()}
-        truth = self.driver.ground_truth() if self.has_truth else None
-        target = self.kernel.update(time.monotonic_ns(), joints, frames, truth, skipped)
-        if self.kernel.torque_on != self.torque:
-            self.torque = self.kernel.torque_on
+        truth = None
+        if self.has_truth and joints is not None:
             try:
-                self.driver.torque(self.torque)
-            except DriverFault as exc:
-                self._send({"k": "event", "name": "driver_error", "error": str(exc)})
+                truth = self.driver.ground_truth()
+            except Exception as exc:
+                self._driver_error("ground_truth", exc)
+        try:
+            target = self.kernel.update(time.monotonic_ns(), joints, frames, truth, skipped)
+        except Exception as exc:  # a kernel bug: hold the last approved target, say so
+            target = self.kernel.shield.last if self.kernel.torque_on else None
+            if self._error_log.allow(time.monotonic_ns()):
+                log.exception("kernel.update failed")
+                self._send({"k": "event", "name": "kernel_error", "error": repr(exc)[:300]})
+        if self.kernel.torque_on != self.torque:
+            try:
+                self.driver.torque(self.kernel.torque_on)
+                self.torque = self.kernel.torque_on
+            except Exception as exc:
+                self._driver_error("torque", exc)
         if target is not None:
             try:
                 self.driver.write(target)
-            except DriverFault as exc:
-                self._send({"k": "event", "name": "driver_error", "error": str(exc)})
+            except Exception as exc:
+                self._driver_error("write", exc)
 
     def run(self) -> None:
         """The loop thread's body: returns when `stop` is set, the robot holding."""
@@ -225,6 +251,7 @@ class ControlLane:
         try:
             self.run()
         except BaseException as exc:
+            self.died = True
             log.exception("control loop died")
             self._send({"k": "event", "name": "loop_died", "error": repr(exc)[:300]})
             raise
@@ -260,8 +287,12 @@ def main(argv: list[str] | None = None) -> int:
     thread.start()
     stop.wait()
     thread.join(timeout=5.0)
+    if thread.is_alive():
+        # The loop is stuck inside a driver call: leave its sockets and driver to the exit.
+        print("robotd control: the loop thread did not stop within 5 s", file=sys.stderr)
+        return 1
     lane.close()
-    return 0
+    return 1 if lane.died else 0
 
 
 if __name__ == "__main__":

@@ -46,9 +46,10 @@ LOCAL_COMMANDS = {"status", "stats", "params", "verdict"}
 
 
 class RequestError(Exception):
-    def __init__(self, code: str, message: str) -> None:
+    def __init__(self, code: str, message: str, rid: Any = None) -> None:
         super().__init__(message)
         self.code = code
+        self.rid = rid  # the request's id when it could be read: a client matches replies by it
 
 
 def endpoints(cfg: Config, run_dir: Path) -> tuple[str, str]:
@@ -74,15 +75,16 @@ def parse_request(data: bytes) -> tuple[Any, str, dict[str, Any]]:
     rid = msg.get("id")
     cmd = msg.get("cmd")
     if not isinstance(cmd, str):
-        raise RequestError("bad_request", "field 'cmd' must be a string")
+        raise RequestError("bad_request", "field 'cmd' must be a string", rid)
     args = msg.get("args", {})
     if args is None:
         args = {}
     if not isinstance(args, dict):
-        raise RequestError("bad_request", f"field 'args' must be a map, got {type(args).__name__}")
+        kind = type(args).__name__
+        raise RequestError("bad_request", f"field 'args' must be a map, got {kind}", rid)
     if cmd not in LANE_COMMANDS | LOCAL_COMMANDS:
         known = ", ".join(sorted(LANE_COMMANDS | LOCAL_COMMANDS))
-        raise RequestError("unknown_command", f"unknown cmd {cmd!r} (known: {known})")
+        raise RequestError("unknown_command", f"unknown cmd {cmd!r} (known: {known})", rid)
     return rid, cmd, args
 
 
@@ -128,6 +130,7 @@ class OperatorServer:
             result = await self.handle(cmd, args)
             reply = {"id": rid, "ok": True, "result": result}
         except RequestError as exc:
+            rid = rid if exc.rid is None else exc.rid
             reply = {"id": rid, "ok": False, "error": {"code": exc.code, "message": str(exc)}}
         except TimeoutError as exc:
             reply = {"id": rid, "ok": False, "error": {"code": "timeout", "message": str(exc)}}
