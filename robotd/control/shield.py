@@ -117,7 +117,7 @@ class Shield:
         step = target - self._last
         limited = step
         if self.max_dstep is not None:
-            limited = np.clip(
+            limited = _clip(
                 limited, self._prev_step - self.max_dstep, self._prev_step + self.max_dstep
             )
         if self.max_step is not None:
