@@ -247,3 +247,25 @@ def test_rejection_holds_count_towards_the_watchdog():
         rig.tick()
     assert rig.k.counters.max_consecutive_holds == 5
     assert rig.events("episode_end")[0]["outcome"] == "starved"
+
+
+def test_velocity_mode_holds_with_zero_motion_and_the_gripper_keeps_its_command():
+    rig = started('control.control_mode="velocity"')
+    rig.tick()
+    ask = rig.asks()[0]
+    rows = np.array([[0.3, 0.3, 0.1], [0.3, 0.3, 0.05]])  # rad/s; gripper absolute
+    rig.k.deliver(Chunk(ask["id"], ask["wep"], ask["s"], rows))
+    first = rig.tick()
+    assert np.allclose(first, [0.1 + 0.3 / 30, 0.2 + 0.3 / 30, 0.1])
+    second = rig.tick()
+    assert np.allclose(rig.tick(), second) and np.allclose(rig.tick(), second)
+
+
+def test_absolute_mode_holds_the_last_played_target_not_the_start_pose():
+    rig = started()
+    rig.tick()
+    ask = rig.asks()[0]
+    rig.k.deliver(Chunk(ask["id"], ask["wep"], ask["s"], np.array([[0.15, 0.25, 0.05]])))
+    played = rig.tick()
+    assert np.allclose(played, [0.15, 0.25, 0.05])
+    assert np.allclose(rig.tick(), played)  # queue empty: the last commanded target

@@ -8,6 +8,8 @@ from typing import Any
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from drivers.sim import geometry as g
 from robotd.config import Config, config_from_dict, load_config
@@ -205,3 +207,48 @@ def test_bad_arguments_are_named() -> None:
         run_virtual(cfg, StepEncoder(), steps=5, latency_s=-1.0)
     with pytest.raises(TypeError, match="infer"):
         run_virtual(cfg, object(), steps=5, latency_s=0.0)
+
+
+# ----------------------------------------------------------------------------- properties
+
+
+@settings(max_examples=12, deadline=None)
+@given(
+    latency_ms=st.integers(0, 300),
+    refill=st.integers(0, 10),
+    merge=st.sampled_from(["replace", "fade", "ensemble"]),
+    seed=st.integers(0, 3),
+)
+def test_any_realtime_run_is_reproducible_bit_for_bit(latency_ms, refill, merge, seed) -> None:
+    cfg = load_config(
+        None,
+        ['control.timing="realtime"', f'control.merge="{merge}"', f"control.refill_steps={refill}"],
+    )
+    runs = [
+        run_virtual(cfg, DotFollower(horizon=16), steps=45, latency_s=latency_ms / 1e3, seed=seed)
+        for _ in range(2)
+    ]
+    assert np.array_equal(runs[0].played, runs[1].played, equal_nan=True)
+    assert np.array_equal(runs[0].held, runs[1].held)
+
+
+@settings(max_examples=25, deadline=None)
+@given(
+    latency_steps=st.integers(0, 12),
+    horizon=st.integers(1, 12),
+    refill=st.integers(0, 8),
+    limit=st.integers(1, 30),
+)
+def test_the_kernel_watchdog_ends_a_starving_episode_at_exactly_max_hold_steps(
+    latency_steps, horizon, refill, limit
+) -> None:
+    cfg = bare_config(timing="realtime", refill_steps=refill, max_hold_steps=limit)
+    result = run_virtual(cfg, StepEncoder(horizon=horizon), steps=80, latency_s=latency_steps / HZ)
+    run = result.held & result.running
+    longest, current = 0, 0
+    for h in run:
+        current = current + 1 if h else 0
+        longest = max(longest, current)
+    assert longest <= limit
+    assert (result.outcome == "starved") == (longest == limit)
+    assert result.counters["max_consecutive_holds"] == longest
