@@ -198,9 +198,16 @@ def median(values: Iterable[float]) -> float:
     return float(statistics.median(vals))
 
 
-def ratio(num: float | None, den: float | None, digits: int = 3) -> float | None:
-    """``num / den`` rounded, or None when either is missing or ``den`` is not > 0."""
-    if num is None or den is None or not den > 0:
+def ratio(
+    num: float | None, den: float | None, digits: int = 3, *, floor: float = 0.0
+) -> float | None:
+    """``max(num, floor) / max(den, floor)`` rounded, or None when either is missing or
+    the floored ``den`` is not > 0. A floor keeps two values lost in measurement noise
+    (e.g. sub-µs lateness) from making a meaningless ratio."""
+    if num is None or den is None:
+        return None
+    num, den = max(num, floor), max(den, floor)
+    if not den > 0:
         return None
     return round(num / den, digits)
 

@@ -9,6 +9,7 @@ Driver options are validated by the driver's own ``Options`` model, so a typo in
 from __future__ import annotations
 
 import copy
+import importlib.resources
 import os
 import tomllib
 from collections.abc import Iterable, Sequence
@@ -26,7 +27,18 @@ from pydantic import (
 
 from robotd.errors import ConfigError, format_validation_error
 
-DEFAULT_CONFIG = Path(__file__).resolve().parent.parent / "config" / "sim.toml"
+
+def _default_config(repo_file: Path) -> Path:
+    """The embedded default config: ``repo_file`` (config/sim.toml of a source checkout,
+    what the README and Makefile name) when it exists, else the identical copy shipped as
+    package data in robotd/data/sim.toml (a wheel install has no config/ directory)."""
+    if repo_file.is_file():
+        return repo_file
+    # robotd installs as plain files (never zipped), so the resource is a real path
+    return Path(str(importlib.resources.files("robotd") / "data" / "sim.toml"))
+
+
+DEFAULT_CONFIG = _default_config(Path(__file__).resolve().parent.parent / "config" / "sim.toml")
 
 PositiveFloat = Annotated[float, Field(gt=0)]
 

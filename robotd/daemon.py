@@ -303,8 +303,8 @@ class Daemon:
                 tg.start_soon(self._receive_up, tg)
                 self.sup = Supervisor(tg)
                 try:
-                    # --duration counts from the start; a signal cancels start-up waits too.
-                    with anyio.move_on_after(self.opts.duration) as self._main_scope:
+                    # A signal (or the control lane's death) cancels start-up waits too.
+                    with anyio.CancelScope() as self._main_scope:
                         tg.start_soon(self._signals)
                         await self._main(tg)
                     if self.handshake is None and self._main_scope.cancelled_caught:
@@ -341,7 +341,8 @@ class Daemon:
             tg.start_soon(StatusLine(self).run)
         sdnotify.notify("READY=1", f"STATUS=running at {self.cfg.control.hz:g} Hz")
         tg.start_soon(sdnotify.watchdog_loop, lambda: self.state.get("state", "?"))
-        await self.stop.wait()
+        with anyio.move_on_after(self.opts.duration):  # --duration counts from READY
+            await self.stop.wait()
 
     async def _signals(self) -> None:
         with anyio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:

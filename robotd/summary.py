@@ -3,44 +3,15 @@
 from __future__ import annotations
 
 import json
-import random
 import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
 from robotd.control.counters import AskLatency
 from robotd.control.histogram import LatencyHistogram
 from robotd.link.session import UPLOAD_COUNTERS
-
-
-class Reservoir:
-    """A bounded uniform sample of a long stream, for percentiles over a whole run."""
-
-    def __init__(self, size: int = 100_000, seed: int = 0) -> None:
-        self.size = size
-        self.seen = 0
-        self.total = 0.0
-        self.values: list[float] = []
-        self._rng = random.Random(seed)
-
-    def add(self, value: float) -> None:
-        self.seen += 1
-        self.total += value
-        if len(self.values) < self.size:
-            self.values.append(value)
-        else:
-            j = self._rng.randrange(self.seen)
-            if j < self.size:
-                self.values[j] = value
-
-    def mean(self) -> float:
-        return self.total / self.seen if self.seen else 0.0
-
-    def percentile(self, q: float) -> float:
-        return float(np.percentile(self.values, q)) if self.values else 0.0
+from robotd.reservoir import Reservoir
 
 
 class RunSummary:
@@ -75,8 +46,10 @@ class RunSummary:
         """Ask → chunk latency p50/p99 in steps and ms (the lane ships the raw counts)."""
         return AskLatency.from_wire(self.stats.get("ask_latency")).summary()
 
-    def lateness(self) -> dict[str, float]:
-        wire = self.stats.get("lateness")
+    def lateness(self, which: str = "lateness") -> dict[str, float]:
+        """µs percentiles of the lane's tick lateness: at the deadline (`lateness`, after the
+        spin tail) or of the sleep's wake-up before the spin (`wake_lateness`)."""
+        wire = self.stats.get(which)
         if not wire:
             return {"p50": 0.0, "p99": 0.0, "p999": 0.0, "max": 0.0}
         return LatencyHistogram.from_wire(wire).summary()
@@ -93,6 +66,7 @@ class RunSummary:
             "hz": round(self.measured_hz(), 3),
             "hz_target": self.hz_target,
             "lateness_us": self.lateness(),
+            "wake_lateness_us": self.lateness("wake_lateness"),
             "missed_ticks": s.get("missed_ticks", 0),
             "overruns": s.get("overruns", 0),
             "episodes": s.get("episodes", 0),

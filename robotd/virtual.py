@@ -135,7 +135,7 @@ class _Cameras:
             t = self.capture_time(name, k)
             if self.newest.get(name) != k:
                 clock.now_ns = t
-                arm.ground_truth()  # integrates the arm to t and publishes it to the world
+                arm.sync()  # integrates the arm to t and publishes it to the world
                 poses = self.poses[name]
                 poses[k] = (t, self.world.snapshot()[0])
                 oldest = k - math.ceil(self.keep_s * self.specs[name][3]) - 1

@@ -2,20 +2,23 @@
 
 from __future__ import annotations
 
+import importlib.resources
 import math
 import os
 import uuid
 from collections.abc import Iterator
+from pathlib import Path
 
 import numpy as np
 import pytest
 
 from drivers.base import DriverFault
 from drivers.sim import geometry as g
-from drivers.sim.arm import EFFORT_GAIN, SimArm
+from drivers.sim.arm import EFFORT_GAIN, WRITE_ADVANCE_NS, SimArm
 from drivers.sim.camera import MAX_FAILURES, SimCamera
 from drivers.sim.render import render
 from drivers.sim.world import SimWorld
+from robotd.config import _default_config, load_config
 from robotd.shm import FrameRing, ShmError, unlink_prefix
 
 NAMES = ("shoulder", "elbow", "gripper")
@@ -207,6 +210,68 @@ def test_arm_ground_truth_and_world() -> None:
     assert np.array_equal(q, state.position) and t == clock.now == state.read_time_ns
 
 
+def test_arm_ground_truth_reports_the_last_advance_without_advancing() -> None:
+    clock = FakeClock()
+    world = SimWorld.local(3, clock.now)
+    arm = SimArm(
+        NAMES, SimArm.Options(noise=0.0, initial=[0.0, 0.0, 0.0]), clock=clock, world=world
+    )
+    arm.open()
+    arm.torque(True)
+    arm.write(np.array([0.3, 0.2, 0.5]))
+    clock.advance(20 * MS)
+    state = arm.read()
+    read_at = clock.now
+    clock.advance(30 * MS)  # time passes, nothing integrates it
+    truth = arm.ground_truth()
+    q, t = world.snapshot()
+    assert t == read_at and np.array_equal(q, state.position)  # not published again
+    tip = g.forward(state.position)[1]
+    dot = g.target_at(0.02)  # the dot as it was at the read, not 50 ms in
+    assert (truth["tip_x"], truth["tip_y"]) == pytest.approx(tuple(tip), abs=1e-12)
+    assert (truth["target_x"], truth["target_y"]) == pytest.approx(tuple(dot), abs=1e-12)
+    assert truth == arm.ground_truth()
+    arm.sync()  # integrates to now and publishes
+    q, t = world.snapshot()
+    assert t == clock.now and not np.array_equal(q, state.position)
+    assert arm.ground_truth()["target_x"] == pytest.approx(g.target_at(0.05)[0])
+
+
+def test_arm_write_right_after_a_read_does_not_advance() -> None:
+    clock = FakeClock()
+    world = SimWorld.local(3, clock.now)
+    arm = SimArm(
+        NAMES, SimArm.Options(noise=0.0, initial=[0.0, 0.0, 0.0]), clock=clock, world=world
+    )
+    arm.open()
+    arm.torque(True)
+    arm.write(np.array([0.1, 0.0, 0.0]))
+    clock.advance(10 * MS)
+    arm.read()
+    read_at = clock.now
+    clock.advance(WRITE_ADVANCE_NS)  # the control tick's read → update → write
+    arm.write(np.array([0.2, 0.0, 0.0]))
+    assert world.snapshot()[1] == read_at  # integrated and published once this tick
+    clock.advance(WRITE_ADVANCE_NS + 1)
+    arm.write(np.array([0.2, 0.0, 0.0]))
+    assert world.snapshot()[1] == clock.now  # long after the last advance: integrates first
+
+
+def test_arm_old_target_governs_motion_up_to_a_late_write() -> None:
+    clock = FakeClock()
+    arm = make_arm(clock)
+    arm.torque(True)
+    a, b = 0.1, -0.05  # slow enough that the speed limit never binds
+    arm.write(np.array([a, 0.0, 0.0]))
+    clock.advance(50 * MS)  # no read in between: the write must integrate the 50 ms of `a`
+    arm.write(np.array([b, 0.0, 0.0]))
+    clock.advance(50 * MS)
+    decay = math.exp(-1)  # 50 ms is one time constant
+    after_a = a * (1 - decay)
+    expected = b + (after_a - b) * decay
+    assert arm.read().position[0] == pytest.approx(expected, rel=1e-12)
+
+
 def test_arm_default_pose_starts_on_the_dot() -> None:
     clock = FakeClock()
     arm = SimArm(NAMES, SimArm.Options(noise=0.0), clock=clock)
@@ -343,3 +408,23 @@ def test_camera_option_errors() -> None:
         SimCamera("top", 80, 60, 0, SimCamera.Options(), world=world)
     with pytest.raises(ValueError):
         SimCamera.Options(view="side")  # type: ignore[arg-type]
+
+
+# ---- the packaged sim config ----------------------------------------------------------
+
+
+def test_packaged_default_config_equals_config_sim_toml() -> None:
+    packaged = importlib.resources.files("robotd") / "data" / "sim.toml"
+    repo = Path(__file__).resolve().parent.parent / "config" / "sim.toml"
+    assert packaged.read_bytes() == repo.read_bytes(), (
+        "robotd/data/sim.toml (package data) must be a copy of config/sim.toml: "
+        "cp config/sim.toml robotd/data/sim.toml"
+    )
+
+
+def test_default_config_falls_back_to_the_packaged_copy(tmp_path: Path) -> None:
+    repo = Path(__file__).resolve().parent.parent / "config" / "sim.toml"
+    assert _default_config(repo) == repo  # a source checkout: the file the README names
+    fallback = _default_config(tmp_path / "config" / "sim.toml")  # a wheel install
+    assert fallback.name == "sim.toml" and fallback.parent.name == "data"
+    assert load_config(fallback).cameras.keys() == {"top", "wrist"}

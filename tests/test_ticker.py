@@ -106,6 +106,7 @@ def test_deadlines_are_periodic_and_lateness_reports_oversleep() -> None:
     assert [k.index for k in ticks] == [0, 1, 2, 3, 4]
     assert [k.deadline_ns for k in ticks] == [PERIOD * (i + 1) for i in range(5)]
     assert all(k.lateness_ns == 100_000 for k in ticks)
+    assert all(k.sleep_lateness_ns == 300_000 for k in ticks)
     assert t.missed == 0 and t.ticks == 5
 
 
@@ -118,7 +119,7 @@ def test_overrun_skips_to_next_future_deadline_without_burst() -> None:
     # the tick's work overruns: wait() is entered 3.4 periods after deadline 1
     fc.now = t.origin_ns + PERIOD + int(3.4 * PERIOD)
     late = t.wait()
-    assert late.index == 1
+    assert late.index == 1 and late.overrun
     assert late.lateness_ns >= int(3.4 * PERIOD)
     assert late.skipped == 0
     assert t.missed == 3 and t.overruns == 1
@@ -127,25 +128,55 @@ def test_overrun_skips_to_next_future_deadline_without_burst() -> None:
     assert t.next_deadline_ns > fc.now
     n_sleeps = len(fc.sleeps)
     nxt = t.wait()
-    assert nxt.index == 5 and nxt.skipped == 3
+    assert nxt.index == 5 and nxt.skipped == 3 and not nxt.overrun
     assert len(fc.sleeps) == n_sleeps + 1  # it slept: no catch-up tick with zero sleep
     assert nxt.woke_ns - late.woke_ns > PERIOD // 2
     after = t.wait()
-    assert after.index == 6 and after.skipped == 0 and t.missed == 3
+    assert after.index == 6 and after.skipped == 0 and t.missed == 3 and t.overruns == 1
 
 
-def test_small_lateness_is_not_an_overrun_but_over_half_a_period_is() -> None:
-    fc = FakeClock(start=0, read_cost=1)
+@pytest.mark.parametrize(
+    ("late", "skipped", "overrun"),
+    [
+        (0.0, 0, False),
+        (0.5, 0, False),  # exactly half a period: on time
+        (0.6, 0, True),  # an overrun, but deadline 2 is still ahead: no skip
+        (0.999, 0, True),
+        (1.0, 1, True),  # deadline 2 is due right now, not in the future: skipped
+        (3.4, 3, True),  # deadline 5 is 0.6 periods ahead
+        (3.6, 3, True),  # deadline 5 is 0.4 periods ahead: still the next one, not 6
+    ],
+)
+def test_next_deadline_is_the_first_strictly_in_the_future(
+    late: float, skipped: int, overrun: bool
+) -> None:
+    fc = FakeClock(start=0, read_cost=1)  # each read moves 1 ns: the spin ends
     t = make(fc)
     t.start(now_ns=0)
     t.wait()
-    fc.now = t.origin_ns + PERIOD + PERIOD // 2  # exactly half a period late: on time
-    assert t.wait().index == 1 and t.missed == 0
-    fc.now = t.origin_ns + 2 * PERIOD + PERIOD // 2 + 1  # just over half: skip deadline 3
-    assert t.wait().index == 2
-    assert t.missed == 1
+    lateness = round(late * PERIOD)
+    fc.now = t.origin_ns + PERIOD + lateness  # wake `late` periods after deadline 1
+    tick = t.wait()
+    assert (tick.index, tick.lateness_ns, tick.overrun) == (1, lateness, overrun)
+    assert t.missed == skipped and t.overruns == int(overrun)
+    nxt_index = 1 + skipped + 1
+    assert t.next_deadline_ns == t.origin_ns + nxt_index * PERIOD > tick.woke_ns
     nxt = t.wait()
-    assert nxt.index == 4 and nxt.skipped == 1
+    assert (nxt.index, nxt.skipped, nxt.overrun) == (nxt_index, skipped, False)
+    assert t.missed == skipped and t.ticks == 3
+
+
+def test_sleep_lateness_is_measured_before_the_spin_tail() -> None:
+    fc = FakeClock(start=0, read_cost=1)
+    fc.oversleep = lambda: 50_000  # the kernel wakes 50 µs late: inside the 200 µs spin tail
+    t = make(fc)
+    t.start(now_ns=0)
+    tick = t.wait()
+    assert tick.lateness_ns <= 1  # the spin tail hides it ...
+    # ... but the wake-up is reported (+1: the read before the sleep moved the clock)
+    assert tick.sleep_lateness_ns == 50_000 + 1
+    fc.work(PERIOD - 100_000)  # inside the spin window: no sleep, nothing to report
+    assert t.wait().sleep_lateness_ns is None
 
 
 def test_no_drift_over_10000_ticks_with_jitter() -> None:

@@ -2,8 +2,18 @@
 
 Every joint follows its target with a first-order response (time constant
 tau_s), its speed clipped to velocity_limit, its position clipped to physical
-stops. The state is integrated lazily, on each read, from the last integration
-time to clock(): a virtual clock makes a run reproducible bit for bit.
+stops. The state is integrated lazily, from the last integration time to clock():
+a virtual clock makes a run reproducible bit for bit.
+
+When the state advances (and is published to the world, for the sim cameras):
+  - read() and torque() always advance to clock(); :meth:`SimArm.sync` does so alone;
+  - write() advances only when more than WRITE_ADVANCE_NS have passed since the last
+    advance: the old target governs the motion up to the write, except for at most
+    that much time, which the new target then governs (at the 4 rad/s default speed
+    limit, under half a milliradian). In a control tick (read, then write tens of µs
+    later) the write therefore never integrates or publishes a second time;
+  - ground_truth() never advances: it reports the state of the last advance, with the
+    dot where it was at that instant.
 """
 
 from __future__ import annotations
@@ -22,6 +32,7 @@ from drivers.sim.world import SimWorld
 ARM_LOWER, ARM_UPPER = -2.8, 2.8
 GRIPPER_LOWER, GRIPPER_UPPER = 0.0, 1.0
 EFFORT_GAIN = 10.0  # effort per rad of tracking offset (a P-controller's output)
+WRITE_ADVANCE_NS = 100_000  # write() integrates first only if the last advance is older
 
 
 class SimArm(JointDriver):
@@ -130,7 +141,10 @@ class SimArm(JointDriver):
             raise DriverFault(
                 f"SimArm.write: target for joint {joint!r} is {array[bad[0]]}", joint=joint
             )
-        self._advance(self._clock())  # the old target governs the motion up to now
+        now = self._clock()
+        assert self._t_last is not None  # set by open()
+        if now - self._t_last > WRITE_ADVANCE_NS:
+            self._advance(now)  # the old target governs the motion up to now
         self._target = array.copy()
 
     def torque(self, on: bool) -> None:
@@ -146,14 +160,19 @@ class SimArm(JointDriver):
         self._open = False
         self._torque = False
 
-    def ground_truth(self) -> dict[str, float]:
-        """Task metrics at clock(): the tip's distance to the dot, and both positions."""
+    def sync(self) -> None:
+        """Integrate to clock() and publish the pose to the world, as read() does, without
+        reading (for a caller that renders the world at a chosen instant)."""
         self._check_open()
-        now = self._clock()
-        self._advance(now)
-        assert self._world is not None  # set by open()
+        self._advance(self._clock())
+
+    def ground_truth(self) -> dict[str, float]:
+        """Task metrics at the last advance (the last read, sync, torque change or open;
+        this call does not integrate): the tip's distance to the dot, and both positions."""
+        self._check_open()
+        assert self._world is not None and self._t_last is not None  # set by open()
         _, tip = g.forward(self._q)
-        target = g.target_at((now - self._world.t0_ns) / 1e9)
+        target = g.target_at((self._t_last - self._world.t0_ns) / 1e9)
         return {
             "tracking_error": float(math.hypot(*(tip - target))),
             "tip_x": float(tip[0]),

@@ -76,7 +76,8 @@ class ControlLane:
         self.driver = open_joint_driver(self.cfg, spec.get("world"))
         self.rings = {name: FrameRing.attach(ring) for name, ring in spec.get("rings", {}).items()}
         self.has_truth = bool(self.driver.ground_truth())
-        self.hist = LatencyHistogram()
+        self.hist = LatencyHistogram()  # lateness at the deadline (after the spin tail)
+        self.wake_hist = LatencyHistogram()  # lateness of the sleep's wake-up (before the spin)
         self.ticker = Ticker.from_hz(self.cfg.control.hz, spin_ns=self.cfg.control.spin_us * 1000)
         self.stop = threading.Event()
         # Start holding where the joints are (the driver anchors its target on torque on).
@@ -161,6 +162,7 @@ class ControlLane:
                 "overruns": self.ticker.overruns,
                 "dropped_messages": self.dropped,
                 "lateness": self.hist.to_wire(),
+                "wake_lateness": self.wake_hist.to_wire(),
                 "state": self.kernel.status(),
                 "driver": asdict(self.driver.stats()),
             }
@@ -226,8 +228,10 @@ class ControlLane:
         while not self.stop.is_set():
             tick = self.ticker.wait()
             self.hist.add(tick.lateness_ns)
-            if tick.skipped:
-                report = overruns.record(tick.woke_ns, tick.skipped)
+            if tick.sleep_lateness_ns is not None:
+                self.wake_hist.add(max(0, tick.sleep_lateness_ns))
+            if tick.overrun:
+                report = overruns.record(tick.woke_ns, tick.lateness_ns // self.ticker.period_ns)
                 if report is not None:
                     self._send(
                         {

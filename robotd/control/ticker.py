@@ -13,11 +13,13 @@ the duration is recomputed from the absolute deadline at every wait, so the only
 error is the few hundred nanoseconds between our clock read and CPython's, which
 the spin tail absorbs.
 
-An overrun (waking more than half a period late) never causes a catch-up burst:
-the next deadline moves to the first multiple of the period from the origin that
-lies at least half a period after the wake, and the deadlines jumped over are
-counted in :attr:`Ticker.missed` and reported on the next tick as
-:attr:`Tick.skipped`.
+Lateness never causes a catch-up burst: after waking ``L`` late for deadline ``i``
+the next deadline is the first one strictly in the future, ``i + floor(L/P) + 1``.
+The ``floor(L/P)`` deadlines that passed without a tick are counted in
+:attr:`Ticker.missed` and reported on the next tick as :attr:`Tick.skipped`; a wake
+more than half a period late is an overrun, counted in :attr:`Ticker.overruns`
+(whether or not a deadline was skipped) and flagged on its tick as
+:attr:`Tick.overrun`.
 """
 
 from __future__ import annotations
@@ -41,7 +43,12 @@ class Tick:
     deadline_ns: int  # the absolute deadline this tick was meant for
     woke_ns: int  # when the loop actually resumed
     lateness_ns: int  # woke_ns - deadline_ns (>= 0 with a real clock)
-    skipped: int  # deadlines skipped just before this tick because of an overrun
+    skipped: int  # deadlines skipped just before this tick (the previous wake was late)
+    overrun: bool = False  # this wake was more than half a period late
+    # How late the sleep's wake-up was: the clock right after the sleep returned minus
+    # what it aimed for (deadline_ns - spin_ns), before the spin tail hid it. None when
+    # this wait did not sleep (already within the spin window, or late).
+    sleep_lateness_ns: int | None = None
 
 
 class Ticker:
@@ -51,9 +58,12 @@ class Ticker:
       - :meth:`start` fixes the origin; tick 0's deadline is one period after "now".
       - :meth:`wait` blocks until the next deadline and returns its :class:`Tick`.
         It never returns before the deadline (with a monotonic clock).
-      - A wake more than ``period/2`` late is an overrun: the deadlines that would
-        follow it within half a period are skipped (counted in :attr:`missed`,
-        reported on the next tick's ``skipped``); ticks are never bunched up.
+      - After a wake ``L`` ns late for deadline ``i`` the next deadline is
+        ``i + L // period + 1``, the first one strictly after the wake: the
+        ``L // period`` passed deadlines are skipped (counted in :attr:`missed`,
+        reported on the next tick's ``skipped``), never played as a burst.
+      - A wake more than ``period/2`` late is an overrun (counted in :attr:`overruns`,
+        flagged in ``Tick.overrun``), skipped deadlines or not.
       - ``clock`` (integer ns, monotonic) and ``sleep`` (seconds) are injectable, so
         a fake clock advanced by a fake sleep makes the ticker fully deterministic.
       - Not thread-safe: one loop thread owns a ticker.
@@ -93,7 +103,7 @@ class Ticker:
         self._next_index = 0
         self._pending_skipped = 0
         self.ticks = 0  # ticks returned by wait()
-        self.missed = 0  # deadlines skipped because of overruns
+        self.missed = 0  # deadlines passed without a tick
         self.overruns = 0  # wakes more than half a period late
 
     @classmethod
@@ -142,21 +152,23 @@ class Ticker:
         clock = self._clock
         now = clock()
         remaining = deadline - self.spin_ns - now
+        slept: int | None = None
         if remaining > 0:
             self._sleep(remaining / 1e9)
             now = clock()
+            slept = now - (deadline - self.spin_ns)
         while now < deadline:  # the spin tail
             now = clock()
-        lateness = now - deadline
-        # Next deadline: the first k > index with origin + k*period >= now + period/2.
-        # On time (lateness <= period/2) that is simply index + 1.
-        step = max(1, -(-(2 * lateness + period) // (2 * period)))
-        skipped_after = step - 1
-        if skipped_after:
+        lateness = now - deadline  # >= 0: the spin never lets it return early
+        # The next deadline is the first strictly after `now`; the ones in between
+        # passed without a tick. Within a period of the deadline that is index + 1.
+        skipped_after = lateness // period
+        overrun = 2 * lateness > period
+        if overrun:
             self.overruns += 1
-            self.missed += skipped_after
-        self._next_index = index + step
-        tick = Tick(index, deadline, now, lateness, self._pending_skipped)
+        self.missed += skipped_after
+        self._next_index = index + skipped_after + 1
+        tick = Tick(index, deadline, now, lateness, self._pending_skipped, overrun, slept)
         self._pending_skipped = skipped_after
         self.ticks += 1
         return tick
@@ -188,9 +200,10 @@ class RateLimiter:
 class OverrunLog:
     """Rate-limits overrun warnings (at most one per interval) without losing counts.
 
-    Call :meth:`record` for every overrun (e.g. on each tick with ``skipped > 0``,
-    passing ``tick.woke_ns``); when it returns a pair, log it: the number of overruns
-    and of skipped deadlines since the previous report, this one included.
+    Call :meth:`record` for every overrun (each tick with ``tick.overrun``, passing
+    ``tick.woke_ns`` and ``tick.lateness_ns // period_ns``, the deadlines it makes the
+    ticker skip); when it returns a pair, log it: the number of overruns and of skipped
+    deadlines since the previous report, this one included.
     """
 
     __slots__ = ("_events", "_limiter", "_skipped")
