@@ -22,7 +22,13 @@ from robotd.contract import Camera
 from robotd.link.client import PolicyClient, PolicyError
 from robotd.link.fit import fit_and_encode, to_wire
 from robotd.worker.server import observe_endpoint, serve
-from robotd.worker.store import Frame, FrameStore, StoreLimits
+from robotd.worker.store import (
+    SKIP_ENTRY_BYTES,
+    DecodeBudget,
+    Frame,
+    FrameStore,
+    StoreLimits,
+)
 
 # ---------------------------------------------------------------- the store alone
 
@@ -65,7 +71,7 @@ def test_missing_keys_wait_and_skipped_or_released_ones_are_lost() -> None:
     assert look.waiting == [(2, "x"), (4, "cam")]
     assert look.lost == [(3, "cam", "overwritten")]
     store.release("E", 3)
-    assert store.held("E") == (0, 0)
+    assert store.held("E") == (0, SKIP_ENTRY_BYTES)  # step 3's skip is still held
     look = store.lookup("E", [2, 4], [["cam"], ["cam"]])
     assert look.lost == [(2, "cam", "released (below step 3)")] and look.waiting == [(4, "cam")]
     through, refusal = store.post(b"d", "E", 1, {"cam": frame(1)}, 10)
@@ -91,11 +97,18 @@ def test_a_post_over_a_limit_is_refused_whole_naming_the_limit(
     assert refusal is not None and refusal.code == code
     assert "step 2 refused" in refusal.message and code.split("_")[1] in refusal.message
     assert through == 1 and store.held("E") == (2, 200)
-    assert store.lookup("E", [2], [["x"]]).waiting == [(2, "x")]  # nothing of it was kept
+    # Nothing of it was kept, and an act reading it is told so at once, with the reason.
+    look = store.lookup("E", [2], [["cam", "x"]])
+    assert look.waiting == []
+    assert look.lost == [(2, k, f"refused: {refusal.message}") for k in ("cam", "x")]
     store.post(b"d", "E", 3, {"y": 1.0}, 1)
     assert store.through("E") == 1  # held below the refused step until it is released
     store.release("E", 1)
-    assert store.post(b"d", "E", 2, {"cam": frame(2)}, 100) == (3, None)
+    # cam is kept now; x, not posted again, still holds `through` below step 2.
+    assert store.post(b"d", "E", 2, {"cam": frame(2)}, 100) == (1, None)
+    look = store.lookup("E", [2], [["cam", "x"]])
+    assert look.lost == [(2, "x", f"refused: {refusal.message}")]
+    assert store.post(b"d", "E", 2, {"x": 1.0}, 1) == (3, None)
 
 
 def test_the_worker_limit_counts_every_episode() -> None:
@@ -118,6 +131,63 @@ def test_a_newer_episode_of_the_same_daemon_frees_the_older_one() -> None:
     now[0] = 61.0  # F1's daemon went quiet: freed on the next post
     store.post(b"one", "E2", 1, {"cam": frame(1)}, 100)
     assert store.episodes() == ["E2"] and store.nbytes == 200
+
+
+def test_skips_count_against_the_limits_and_absurd_ones_are_refused() -> None:
+    store = FrameStore(StoreLimits(episode_bytes=8 * SKIP_ENTRY_BYTES), keys=["cam", "x"])
+    assert store.skip(b"d", "E", 0, ["cam"], "lost") == (0, None)
+    assert store.skip(b"d", "E", 0, ["cam"], "lost again") == (0, None)  # kept once
+    assert store.held("E") == (0, SKIP_ENTRY_BYTES)
+    _, refusal = store.skip(b"d", "E", 1, ["cam", "nope"], "lost")
+    assert refusal is not None and refusal.code == "bad_skip"
+    assert "['nope'] are not streams of the contract" in refusal.message
+    _, refusal = store.skip(b"d", "E", 1, ["cam", "x", "cam"], "lost")
+    assert refusal is not None and "3 keys, more than the contract has streams" in refusal.message
+    for step in range(1, 4):
+        assert store.skip(b"d", "E", step, ["cam", "x"], "lost")[1] is None
+    _, refusal = store.skip(b"d", "E", 4, ["cam", "x"], "lost")  # 9 entries: over the limit
+    assert refusal is not None and refusal.code == "episode_bytes"
+    assert refusal.message.startswith("skip: ") and "limit 1024" in refusal.message
+    assert store.lookup("E", [4], [["cam"]]).waiting == [(4, "cam")]  # nothing of it kept
+    assert store.held("E") == (0, 7 * SKIP_ENTRY_BYTES) and store.nbytes == 7 * SKIP_ENTRY_BYTES
+    store.release("E", 4)
+    assert store.held("E") == (0, 0) and store.nbytes == 0
+    unknown = FrameStore()  # no contract known: at most 64 keys a skip
+    assert unknown.skip(b"d", "E", 0, [f"k{i}" for i in range(65)], "lost")[1] is not None
+
+
+def test_frames_are_decoded_ahead_once_within_a_budget_and_freed_with_their_steps() -> None:
+    decoded: list[int] = []
+
+    def decode(msg: dict[str, Any]) -> np.ndarray:
+        if msg["tag"] < 0:
+            raise ValueError("corrupt")
+        decoded.append(msg["tag"])
+        return np.full(100, msg["tag"], np.uint8)
+
+    budget = DecodeBudget(250)
+    store = FrameStore(on_frame=lambda key, f: f.ahead(decode, budget, 100))
+    for step in range(3):
+        store.post(b"d", "E", step, {"cam": frame(step)}, 10)
+    assert decoded == [0, 1] and budget.held == 200  # the third did not fit the budget
+    frames = [o["cam"] for o in store.lookup("E", [0, 1, 2], [["cam"]] * 3).observations]
+    values = [f.value(decode) for f in frames]
+    assert decoded == [0, 1, 2]  # the first two were not decoded again
+    assert values[0] is frames[0].value(decode) and values[2][0] == 2
+    assert not values[0].flags.writeable  # shared by every act reading it
+    store.release("E", 1)
+    assert frames[0].released and budget.held == 200  # an act may still read it...
+    del frames, values
+    assert budget.held == 100  # ...until it is gone
+    store.post(b"d", "E", 3, {"cam": frame(-1)}, 10)
+    assert budget.held == 100  # a frame that does not decode is left to the act
+    with pytest.raises(ValueError, match="corrupt"):
+        store.lookup("E", [3], [["cam"]]).observations[0]["cam"].value(decode)
+    store.drop("E")
+    assert budget.held == 0
+    late = Frame({"tag": 9})
+    late.released = True
+    assert not late.ahead(decode, budget, 100) and decoded == [0, 1, 2]
 
 
 # ---------------------------------------------------------------- behind a real worker
@@ -417,6 +487,35 @@ def test_a_corrupt_frame_is_an_error_naming_step_and_key(worker) -> None:
         with pytest.raises(PolicyError) as err:
             await client.act_steps("F1", 0, [0], [["cam"]])
         assert err.value.code == "bad_frame" and "step 0 key 'cam'" in err.value.message
+        await client.close()
+        obs.close()
+
+    run(main)
+
+
+def test_an_act_reading_a_refused_upload_is_answered_at_once(worker) -> None:
+    endpoint, _ = worker
+
+    async def main() -> None:
+        client, obs = await connect(endpoint)
+        for step in range(6):
+            assert obs.post("G1", step, cam=image(step))["refused"] is None
+        errors: list[PolicyError] = []
+
+        async def act() -> None:
+            with pytest.raises(PolicyError) as err:
+                await client.act_steps("G1", 6, [6], [["cam"]], wait_s=60)
+            errors.append(err.value)
+
+        with anyio.fail_after(10):  # far less than the act's wait
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(act)
+                await anyio.sleep(0)  # the act is sent before its step
+                assert obs.post("G1", 6, cam=image(6))["refused"]["code"] == "episode_frames"
+        assert errors[0].code == "missing_steps"
+        [(step, key, why)] = errors[0].missing()
+        assert (step, key) == (6, "cam")
+        assert why.startswith("refused: ") and "7 frames (limit 6)" in why
         await client.close()
         obs.close()
 

@@ -370,11 +370,11 @@ def test_uploads_over_the_limit_wait_or_give_up_the_oldest(
             for s in range(5):
                 up.on_step(robot.step("W", s))
                 await settle()
-            await fake.wait_for(2 if when_behind == "wait" else 5)
+            await fake.wait_for(2 if when_behind == "wait" else 4)
             await settle()
             sent_before = fake.posts()
             up.released("W", 2)  # an act was handed steps 0..1: room for two more
-            await fake.wait_for(4)
+            await fake.wait_for(4 if when_behind == "wait" else 5)
             await settle()
             tg.cancel_scope.cancel()
             return sent_before
@@ -390,9 +390,12 @@ def test_uploads_over_the_limit_wait_or_give_up_the_oldest(
         assert after == [(s, "cam") for s in range(4)]  # the rest went up as room came
         assert fake.skips() == [] and up.counters.skipped_frames == 0
     else:
-        assert [s for s, _, _ in fake.skips()] == [2, 3, 4]
-        assert "oldest given up" in fake.skips()[0][2]
-        assert up.counters.skipped_frames == 3
+        # Steps 2..4 waited while the worker held 0 and 1: in flight over the limit, so the
+        # oldest pending (2, then 3) were given up; the newest (4) went up once room came.
+        assert [s for s, _, _ in fake.skips()] == [2, 3]
+        assert "oldest pending given up" in fake.skips()[0][2]
+        assert after == [(0, "cam"), (1, "cam"), (4, "cam")]
+        assert up.counters.skipped_frames == 2 and up.conn.given_up == 2
         assert "declared skipped" in caplog.text
 
 

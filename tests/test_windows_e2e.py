@@ -73,7 +73,9 @@ CONTRACT = {
 }
 
 
-def run_daemon(tmp_path: Path, timing: str) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+def run_daemon(
+    tmp_path: Path, timing: str, *overrides: str
+) -> tuple[list[dict[str, Any]], dict[str, Any], list[str]]:
     (tmp_path / "recpolicy.py").write_text(POLICY)
     record = tmp_path / "record.jsonl"
     env = {
@@ -90,18 +92,19 @@ def run_daemon(tmp_path: Path, timing: str) -> tuple[list[dict[str, Any]], dict[
         f'control.timing="{timing}"',
         "--set",
         "control.refill_steps=3",
+        *(arg for o in overrides for arg in ("--set", o)),
         env=env,
     )
     assert d.wait_exit() == 0, "".join(d.log[-30:])
     acts = [json.loads(line) for line in record.read_text().splitlines()]
-    return acts, d.result()
+    return acts, d.result(), d.log
 
 
 @pytest.mark.parametrize("timing", ["sync", "realtime"])
 def test_the_policy_reads_exactly_its_declared_windows_uploaded_ahead(
     tmp_path: Path, timing: str
 ) -> None:
-    acts, summary = run_daemon(tmp_path, timing)
+    acts, summary, _ = run_daemon(tmp_path, timing)
     assert len(acts) >= 8 and summary["act_errors"] == 0
     assert len({a["episode"] for a in acts}) == 1
     planner = WindowPlanner(Observations.from_wire(CONTRACT).resolve(HZ), KEYS)
@@ -131,3 +134,17 @@ def test_the_policy_reads_exactly_its_declared_windows_uploaded_ahead(
     assert summary["refused_frames"] == 0
     assert len(read_frames) <= summary["uploaded_frames"] <= len(read_frames) + 8
     assert summary["uploaded_bytes"] > 0
+
+
+def test_a_window_over_the_frame_limit_goes_up_with_each_act_without_stalling(
+    tmp_path: Path,
+) -> None:
+    """A window of 5 frames (top at 3 steps, wrist at 2) and a 4-frame limit: nothing runs
+    ahead, but each act's frames go up when it is asked; no act waits out stream_wait_s."""
+    acts, summary, log = run_daemon(
+        tmp_path, "sync", "policy.max_episode_frames=4", "policy.stream_wait_s=1"
+    )
+    assert len(acts) >= 8 and summary["act_errors"] == 0
+    assert summary["inline_frames"] == 0 and summary["skipped_frames"] == 0
+    warning = "".join(line for line in log if "camera frames" in line)
+    assert "reads 5 camera frames" in warning and "only 4 frames per episode" in warning

@@ -14,6 +14,7 @@ from __future__ import annotations
 import itertools
 import logging
 import time
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -28,6 +29,7 @@ from robotd.contract import Actions, ContractError, Observations
 log = logging.getLogger("robotd.link")
 
 PROTOCOL = 1
+MAX_MISSING = 1 << 16  # (step, key) pairs a missing_steps reply may name
 
 
 class PolicyError(Exception):
@@ -40,23 +42,34 @@ class PolicyError(Exception):
         self.message = message
         self.detail = detail or {}
 
-    def missing(self) -> list[tuple[int, str, str]]:
-        """For code "missing_steps": the (step, key, reason) triples the worker named;
-        PolicyError "bad_reply" if the list is malformed."""
+    def missing(
+        self, window: Mapping[int, Collection[str]] | None = None
+    ) -> list[tuple[int, str, str]]:
+        """For code "missing_steps": the (step, key, reason) triples the worker named.
+        `window`: recorded step -> keys the act reads; a pair outside it is refused.
+        PolicyError "bad_reply" naming the entry if the list is malformed."""
+        given = self.detail.get("missing", [])
+        if not isinstance(given, list) or len(given) > MAX_MISSING:
+            raise _bad("act", f"field 'error.missing': not a list of at most {MAX_MISSING}")
         out = []
-        for item in self.detail.get("missing", []):
+        for item in given:
             ok = (
                 isinstance(item, list)
                 and len(item) == 3
-                and isinstance(item[0], int)
-                and not isinstance(item[0], bool)
+                and type(item[0]) is int
                 and item[0] >= 0
                 and isinstance(item[1], str)
                 and isinstance(item[2], str)
             )
             if not ok:
                 raise _bad("act", f"field 'error.missing': bad entry {item!r:.100}")
-            out.append((item[0], item[1], item[2]))
+            if window is not None and item[1] not in window.get(item[0], ()):
+                raise _bad(
+                    "act",
+                    f"field 'error.missing': step {item[0]} key {item[1][:64]!r} is not in "
+                    "the act's window",
+                )
+            out.append((item[0], item[1], item[2][:500]))
         return out
 
 

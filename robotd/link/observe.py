@@ -1,14 +1,20 @@
 """The daemon's observe connection to a worker (docs/protocol.md): pipelined uploads, their
 acknowledgements, and flow control. What goes up, and when, is robotd.link.uplink's call.
 
-Posts are sent in order (those an act waits for right now first) without waiting for the
-previous one's acknowledgement; each acknowledgement updates `through` and may be a refusal
-(counted in refused_frames and warned). What the worker holds for an episode (posted and not
-yet released by an act) is mirrored here and kept within `UplinkLimits`; a post that does
-not fit follows `when_behind`: "wait" (it waits for an act to make room) or "drop_oldest"
-(the oldest pending post is given up and declared skipped). "wait" too gives up the oldest
-once a second limit's worth is queued here, so a stalled worker cannot exhaust the daemon's
-memory; and a post an act waits for right now always goes (only acts make room).
+Posts are sent in order (those an act waits for right now first: `urgent`, or moved there by
+`promote`) without waiting for the previous one's acknowledgement; each acknowledgement
+updates `through` and may be a refusal (counted in refused_frames, warned, and handed to
+`on_refused` so that the refused keys can go up again or inline). A malformed
+acknowledgement is warned about, naming the field, and dropped: nothing a worker answers
+stops the connection. What the worker holds for an episode (posted and not yet released by
+an act) is mirrored here and kept within `UplinkLimits`; a post that does not fit waits for
+an act to make room, and meanwhile:
+- "wait": nothing is given up, unless more than two limits' worth is queued here (so a
+  stalled worker cannot exhaust the daemon's memory): then the oldest pending post goes;
+- "drop_oldest": while what the worker holds plus what waits here is over the limit, the
+  oldest pending (not yet sent) post is given up, so the newest wait; the newest is kept.
+Every post given up is declared skipped, counted and warned. A post an act waits for right
+now always goes at once (only acts make room; the worker refuses what it cannot keep).
 """
 
 from __future__ import annotations
@@ -16,9 +22,9 @@ from __future__ import annotations
 import logging
 import time
 from collections import deque
-from collections.abc import Mapping
+from collections.abc import Callable, Container, Mapping
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Any, Literal
 
 import anyio
 import zmq
@@ -96,7 +102,10 @@ class Signal:
 
 
 class ObserveConnection:
-    """A DEALER to one worker's observe endpoint (module doc). Use from the event loop."""
+    """A DEALER to one worker's observe endpoint (module doc). Use from the event loop.
+
+    `on_refused(episode, step, keys)`: called for each post the worker refused (nothing of
+    it is kept there)."""
 
     def __init__(
         self,
@@ -105,20 +114,25 @@ class ObserveConnection:
         *,
         limits: UplinkLimits | None = None,
         when_behind: Literal["wait", "drop_oldest"] = "wait",
+        on_refused: Callable[[str, int, list[str]], None] | None = None,
     ) -> None:
         self.endpoint = endpoint
         self.counters = counters
         self.limits = limits or UplinkLimits()
         self.when_behind = when_behind
+        self.on_refused = on_refused
         self._held: dict[str, _Held] = {}
         self._posts: tuple[deque[Post], deque[Post]] = (deque(), deque())  # urgent, in order
         self._unacked: dict[int, Post] = {}
         self._rid = 0
-        self._post_ready, self._room = Signal(), Signal()
+        # One signal for "a post was queued" and "room was made": the send loop waits on
+        # both at once (an urgent post must go even while an ordinary one waits for room).
+        self._wake = Signal()
         self._warned: dict[str, tuple[float, int]] = {}
         self._sock: zmq.asyncio.Socket | None = None
         # When set to a list: (episode, step, keys, bytes) of every post sent (benchmarks).
         self.sent_log: list[tuple[str, int, tuple[str, ...], int]] | None = None
+        self.given_up = 0  # posts given up because uploads were behind
 
     # ---- what the uplink hands it -----------------------------------------------------------
 
@@ -138,7 +152,7 @@ class ObserveConnection:
         keys = sorted({*values, *frames})
         self._posts[0 if urgent else 1].append(Post(wep, step, keys, body, len(frames), self._rid))
         self._held.setdefault(wep, _Held())
-        self._post_ready.set()
+        self._wake.set()
 
     def skip(self, wep: str, step: int, keys: list[str], frames: int, reason: str) -> None:
         """Declare `keys` at `step` lost (`frames` of them camera frames): counted, warned,
@@ -147,7 +161,8 @@ class ObserveConnection:
         self.warn(
             "skipped",
             f"episode {wep} step {step} {keys}: {reason}; declared skipped "
-            "(an act reading it fails rather than read a wrong frame)",
+            "(an act reading it gets it inline if still held robot-side, else fails rather "
+            "than read a wrong frame)",
         )
         self._rid += 1
         body = wire.packb(
@@ -162,7 +177,20 @@ class ObserveConnection:
         )
         self._posts[0].append(Post(wep, step, keys, body, 0, self._rid, skip=True))
         self._held.setdefault(wep, _Held())
-        self._post_ready.set()
+        self._wake.set()
+
+    def promote(self, wep: str, steps: Container[int]) -> int:
+        """An act reads `steps` of `wep` right now: their queued posts go ahead of the rest,
+        whatever the limits. Returns how many posts moved."""
+        urgent, ordered = self._posts
+        moved = [p for p in ordered if p.wep == wep and p.step in steps]
+        if moved:
+            keep = [p for p in ordered if not (p.wep == wep and p.step in steps)]
+            ordered.clear()
+            ordered.extend(keep)
+            urgent.extend(moved)
+            self._wake.set()
+        return len(moved)
 
     def released(self, wep: str, below: int) -> None:
         """The worker freed `wep`'s steps below `below` (an act was handed to the policy)."""
@@ -174,18 +202,23 @@ class ObserveConnection:
             frames, nbytes = held.steps.pop(step)
             held.frames -= frames
             held.nbytes -= nbytes
-        self._room.set()
+        self._wake.set()
 
     def end(self, wep: str) -> None:
         """Nothing more of `wep` goes up; what is queued of it is dropped."""
         self._held.pop(wep, None)
         self._unacked = {rid: p for rid, p in self._unacked.items() if p.wep != wep}
-        self._room.set()
+        self._wake.set()
 
     def through(self, wep: str) -> int:
         """The worker's last word on how far it holds everything posted of `wep`."""
         held = self._held.get(wep)
         return -1 if held is None else held.through
+
+    def held(self, wep: str) -> tuple[int, int]:
+        """(frames, bytes) the worker is believed to hold of `wep` (the mirror)."""
+        held = self._held.get(wep)
+        return (0, 0) if held is None else (held.frames, held.nbytes)
 
     def warn(self, kind: str, message: str) -> None:
         """Log a loss at once, then at most every few seconds with the count in between."""
@@ -230,27 +263,45 @@ class ObserveConnection:
                     self.sent_log.append((post.wep, post.step, tuple(post.keys), len(post.body)))
 
     async def _next_post(self) -> Post:
-        """The next post to send, once it fits within the limits (module doc)."""
+        """The next post to send, once it may go (module doc)."""
         while True:
-            queue = self._posts[0] if self._posts[0] else self._posts[1]
-            if not queue:
-                await self._post_ready.wait()
-                continue
-            post = queue[0]
-            held = self._held.get(post.wep)
-            if held is None or post.step < held.floor:
-                queue.popleft()  # its episode is over, or no act reads it any more
-                continue
-            if post.skip:
-                return queue.popleft()
-            if queue is self._posts[0] or self._fits(held, post):
-                queue.popleft()
-                held.add(post.step, post.frames, len(post.body))
+            post = self._take()
+            if post is not None:
                 return post
-            if self.when_behind == "drop_oldest" or self._queued_over_limit():
-                self._give_up(self._oldest())
+            await self._wake.wait()
+
+    def _take(self) -> Post | None:
+        """The next post that may go now; None if none is queued or the first in order must
+        wait for room (given up instead, and the next looked at, when behind)."""
+        urgent, ordered = self._posts
+        while urgent:
+            post = urgent.popleft()
+            held = self._live(post)
+            if held is not None:
+                if not post.skip:
+                    held.add(post.step, post.frames, len(post.body))
+                return post
+        while ordered:
+            post = ordered[0]
+            held = self._live(post)
+            if held is None:
+                ordered.popleft()  # its episode is over, or no act reads it any more
                 continue
-            await self._room.wait()
+            if post.skip or self._fits(held, post):
+                ordered.popleft()
+                if not post.skip:
+                    held.add(post.step, post.frames, len(post.body))
+                return post
+            victim = self._behind(held)
+            if victim is None:
+                return None
+            ordered.remove(victim)
+            self._give_up(victim)
+        return None
+
+    def _live(self, post: Post) -> _Held | None:
+        held = self._held.get(post.wep)
+        return None if held is None or post.step < held.floor else held
 
     def _fits(self, held: _Held, post: Post) -> bool:
         if not held.steps:
@@ -260,30 +311,31 @@ class ObserveConnection:
             and held.nbytes + len(post.body) <= self.limits.episode_bytes
         )
 
-    def _queued_over_limit(self) -> bool:
-        posts = [p for q in self._posts for p in q if not p.skip]
-        return (
-            sum(p.frames for p in posts) > self.limits.episode_frames
-            or sum(len(p.body) for p in posts) > self.limits.episode_bytes
-        )
-
-    def _oldest(self) -> Post:
-        """The pending post of the lowest step (ties: the one queued first)."""
-        posts = [(p.step, i, q) for q in self._posts for i, p in enumerate(q) if not p.skip]
-        _, i, q = min(posts, key=lambda x: (x[0], x[1]))
-        post = q[i]
-        del q[i]
-        return post
+    def _behind(self, held: _Held) -> Post | None:
+        """The pending post to give up now (module doc), or None: the first waits for room."""
+        posts = [p for p in self._posts[1] if not p.skip]
+        frames = sum(p.frames for p in posts)
+        nbytes = sum(len(p.body) for p in posts)
+        most_frames, most_bytes = 2 * self.limits.episode_frames, 2 * self.limits.episode_bytes
+        if self.when_behind == "drop_oldest":
+            frames, nbytes = frames + held.frames, nbytes + held.nbytes
+            most_frames, most_bytes = self.limits.episode_frames, self.limits.episode_bytes
+            posts = posts[:-1]  # the newest waits for room
+        if not posts or (frames <= most_frames and nbytes <= most_bytes):
+            return None
+        return min(posts, key=lambda p: p.step)  # min() keeps the first queued of a tie
 
     def _give_up(self, post: Post) -> None:
-        self.skip(
-            post.wep,
-            post.step,
-            post.keys,
-            post.frames,
-            f"uploads behind (over {self.limits.episode_frames} frames or "
-            f"{self.limits.episode_bytes} bytes in flight), oldest given up",
+        self.given_up += 1
+        lim = self.limits
+        why = (
+            f"uploads behind (the worker holds {self.held(post.wep)[0]} frames, "
+            f"{self.held(post.wep)[1]} bytes; limit {lim.episode_frames} frames, "
+            f"{lim.episode_bytes} bytes per episode), oldest pending given up"
         )
+        if self.when_behind == "wait":
+            why += f" (more than two limits' worth queued: {len(self._posts[1])} posts)"
+        self.skip(post.wep, post.step, post.keys, post.frames, why)
 
     async def _receive_loop(self) -> None:
         assert self._sock is not None
@@ -291,26 +343,77 @@ class ObserveConnection:
             data = await self._sock.recv()
             try:
                 reply = wire.unpackb(data)
-                post = self._unacked.pop(reply["id"])
-            except (wire.WireError, KeyError, TypeError):
-                log.warning("observe connection: dropped an unexpected reply %.200r", data)
+                rid = reply.get("id") if isinstance(reply, dict) else None
+                post = self._unacked.pop(rid) if isinstance(rid, int) else None
+            except (wire.WireError, TypeError):
+                post = None
+            if post is None:
+                self.warn("unexpected reply", f"dropped {data!r:.200} (no upload of that id)")
                 continue
-            self._acknowledged(post, reply)
+            try:
+                self._acknowledged(post, reply)
+            except Exception:  # a bug here must not stop the uploads
+                log.exception("observe connection: acknowledgement of step %d", post.step)
 
     def _acknowledged(self, post: Post, reply: dict) -> None:
-        result = reply.get("result") if reply.get("ok") is True else None
-        refused = reply.get("error") if result is None else result.get("refused")
-        held = self._held.get(post.wep)
-        if held is not None and isinstance(result, dict) and isinstance(result.get("through"), int):
-            held.through = result["through"]
-        if not refused:
+        try:
+            through, refused = parse_ack(reply, post)
+        except ValueError as err:
+            self.warn(
+                "bad acknowledgement",
+                f"dropped the worker's answer to the {'skip' if post.skip else 'post'} of "
+                f"episode {post.wep} step {post.step}: {err}",
+            )
             return
-        reason = refused.get("message", refused) if isinstance(refused, dict) else refused
+        held = self._held.get(post.wep)
+        if held is not None and through is not None:
+            held.through = through
+        if refused is None:
+            return
         if post.skip:
-            log.warning("observe connection: skip of step %d refused: %s", post.step, reason)
+            log.warning("observe connection: skip of step %d refused: %s", post.step, refused)
             return
         self.counters.refused_frames += post.frames
-        self.warn("refused", f"the worker refused step {post.step}: {reason}")
+        self.warn("refused", f"the worker refused step {post.step}: {refused}")
         if held is not None and post.step in held.steps:  # the worker keeps none of it
             held.add(post.step, -post.frames, -len(post.body))
-            self._room.set()
+            self._wake.set()
+        if self.on_refused is not None:
+            self.on_refused(post.wep, post.step, list(post.keys))
+
+
+def parse_ack(reply: dict[str, Any], post: Post) -> tuple[int | None, str | None]:
+    """(through, refusal message) of the worker's answer to `post`; ValueError naming the
+    field that breaks docs/protocol.md. An error reply counts as a refusal."""
+    ok = reply.get("ok")
+    if ok is False:
+        error = reply.get("error")
+        if not isinstance(error, dict) or not isinstance(error.get("message"), str):
+            raise ValueError(f"field 'error': not a map with a string 'message' ({error!r:.100})")
+        code = error.get("code")
+        return None, f"{code}: {error['message']}" if isinstance(code, str) else error["message"]
+    if ok is not True:
+        raise ValueError(f"field 'ok': not a boolean ({ok!r:.50})")
+    result = reply.get("result")
+    if not isinstance(result, dict):
+        raise ValueError(f"field 'result': not a map ({type(result).__name__})")
+    for name, want in (("episode", post.wep), ("step", post.step)):
+        got = result.get(name, want)
+        if type(got) is not type(want) or got != want:
+            raise ValueError(f"field 'result.{name}': {got!r:.50}, but the upload was {want!r}")
+    through = result.get("through")
+    if through is not None and (type(through) is not int or through < -1):
+        raise ValueError(f"field 'result.through': not an integer >= -1 ({through!r:.50})")
+    refused = result.get("refused")
+    if refused is None:
+        return through, None
+    if not (
+        isinstance(refused, dict)
+        and isinstance(refused.get("code"), str)
+        and isinstance(refused.get("message"), str)
+    ):
+        raise ValueError(
+            f"field 'result.refused': not null or a map of string code and message "
+            f"({refused!r:.100})"
+        )
+    return through, refused["message"]

@@ -12,8 +12,9 @@ the control lane, named by the ask it answers. Nothing here runs on the control 
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -21,6 +22,7 @@ import numpy as np
 from robotd.contract import Actions, Observations
 from robotd.link.client import ActResult, PolicyClient, PolicyError
 from robotd.link.windows import Window, WindowPlanner, assemble
+from robotd.reservoir import Reservoir
 from robotd.shm import FrameRing
 
 if TYPE_CHECKING:
@@ -37,6 +39,7 @@ UPLOAD_COUNTERS = (
 )
 # Error codes after which the worker handed the act to the policy (it released old steps).
 _DISPATCHED = ("policy_error", "bad_actions", "bad_frame")
+TIMING_SAMPLE = 10_000  # act round trips kept for percentiles (a uniform sample of the run)
 
 
 class FrameLost(Exception):
@@ -47,7 +50,8 @@ class FrameLost(Exception):
 class LinkCounters:
     """The policy link's counters. Frames: camera frames (skipped = declared lost robot-side
     or given up when behind; refused = the worker would not keep them); bytes: uploads as
-    sent (messages, frames and values)."""
+    sent (messages, frames and values). `rtt_ms`: each act's round trip from its ask to its
+    chunk, `infer_ms`: the policy's time; both bounded uniform samples of the run."""
 
     acts: int = 0
     act_errors: int = 0
@@ -56,12 +60,8 @@ class LinkCounters:
     uploaded_bytes: int = 0
     inline_frames: int = 0
     refused_frames: int = 0
-    rtt_ms: list[float] | None = None
-    infer_ms: list[float] | None = None
-
-    def __post_init__(self) -> None:
-        self.rtt_ms = []
-        self.infer_ms = []
+    rtt_ms: Reservoir = field(default_factory=lambda: Reservoir(TIMING_SAMPLE))
+    infer_ms: Reservoir = field(default_factory=lambda: Reservoir(TIMING_SAMPLE, seed=1))
 
     def uploads(self) -> dict[str, int]:
         """The upload counters of the summary and telemetry."""
@@ -156,6 +156,8 @@ class _Ask:
     wep: str
     step: int
     window: Window
+    prev: int | None  # the act before it (restored if this one never reaches the policy)
+    asked: float  # perf_counter when the ask was taken up
     inputs: dict[str, list[Any]] | None = None  # assembled here when sent inline
 
 
@@ -212,51 +214,83 @@ class ActLink:
         """The part of an ask done at once, in message order: plan the window and tell the
         uplink (or read the window out of the rings). None if it failed (reported)."""
         wep, step, ask_id = str(ask["wep"]), int(ask["s"]), int(ask["id"])
+        prev = self._prev_act.get(wep)
         try:
-            a = _Ask(ask_id, wep, step, self.window(wep, step))
+            a = _Ask(ask_id, wep, step, self.planner.plan(step, prev), prev, time.perf_counter())
         except ValueError as exc:  # an ask not after the previous one: never act on it
             self._fail(ask_id, f"cannot plan the window: {exc}")
             return None
-        self._prev_act[wep] = step
-        if self.uplink is not None:
-            self.uplink.on_ask(wep, step, int(ask.get("queue", 0)))
-            self.uplink.ensure(wep, a.window.needed())
-            return a
+        self._prev_act[wep] = step  # (taken back in _settle if the act never reaches it)
         try:
-            a.inputs = assemble(a.window, self._lookup(wep))
+            if self.uplink is not None:
+                self.uplink.on_ask(wep, step, int(ask.get("queue", 0)))
+                self.uplink.ensure(wep, a.window.needed())
+            else:
+                a.inputs = assemble(a.window, self._lookup(wep))
+            return a
         except FrameLost as exc:
             self.counters.skipped_frames += 1
-            self._fail(ask_id, f"window incomplete: {exc}")
-            return None
-        return a
+            reason = f"window incomplete: {exc}"
+        except Exception as exc:  # a bug must not leave the ask unanswered
+            log.exception("ask %d at step %d: cannot prepare the act", ask_id, step)
+            reason = f"cannot prepare the act: {type(exc).__name__}: {exc}"
+        self._settle(a, handed=False)
+        self._fail(ask_id, reason)
+        return None
 
     async def finish(self, a: _Ask) -> None:
-        """Act and send the chunk (or act_failed) down."""
+        """Act and send the chunk (or act_failed) down. Never raises: every failure becomes
+        act_failed, an unexpected one logged with its traceback."""
+        handed = False
         try:
-            if a.inputs is not None:
-                result = await self.client.act(
-                    a.wep, a.step, list(a.inputs["steps"]), a.inputs["observations"]
-                )
-            else:
-                result = await self._act_named(a)
+            result = await self._act(a)
+            handed = True
+            rows = result.actions.astype(np.float64, copy=False)
+            if self.actions is not None and self.actions.hz:
+                rows = resample(rows, self.actions.hz, self.control_hz)
         except FrameLost as exc:
-            self._fail(a.id, f"window incomplete: {exc}")
+            reason = f"window incomplete: {exc}"
+        except PolicyError as exc:
+            handed = exc.code in _DISPATCHED
+            reason = f"act failed: PolicyError: {exc}"
+        except (TimeoutError, OSError) as exc:
+            reason = f"act failed: {type(exc).__name__}: {exc}"
+        except Exception as exc:
+            log.exception("ask %d at step %d: the act failed", a.id, a.step)
+            reason = f"act failed: {type(exc).__name__}: {exc}"
+        else:
+            reason = None
+        self._settle(a, handed)
+        if reason is not None:
+            self._fail(a.id, reason)
             return
-        except (PolicyError, TimeoutError, OSError) as exc:
-            self._fail(a.id, f"act failed: {type(exc).__name__}: {exc}")
-            return
-        rows = result.actions.astype(np.float64, copy=False)
-        if self.actions is not None and self.actions.hz:
-            rows = resample(rows, self.actions.hz, self.control_hz)
         self.counters.acts += 1
-        self.counters.rtt_ms.append(result.rtt_ms)
-        self.counters.infer_ms.append(result.infer_ms)
+        self.counters.rtt_ms.add((time.perf_counter() - a.asked) * 1e3)
+        self.counters.infer_ms.add(result.infer_ms)
         self.send_down({"k": "chunk", "ask": a.id, "wep": a.wep, "s": a.step, "rows": rows})
 
     async def on_ask(self, ask: dict[str, Any]) -> None:
         a = self.begin(ask)
         if a is not None:
             await self.finish(a)
+
+    async def _act(self, a: _Ask) -> ActResult:
+        if a.inputs is not None:
+            return await self.client.act(
+                a.wep, a.step, list(a.inputs["steps"]), a.inputs["observations"]
+            )
+        return await self._act_named(a)
+
+    def _settle(self, a: _Ask, handed: bool) -> None:
+        """The act is over. If it never reached the policy, the next act's window counts
+        from the act before it (the policy never saw this one's steps)."""
+        if not handed and self._prev_act.get(a.wep) == a.step:
+            if a.prev is None:
+                self._prev_act.pop(a.wep, None)
+            else:
+                self._prev_act[a.wep] = a.prev
+        if self.uplink is not None:
+            self.uplink.settled(a.wep, a.step, handed)
 
     async def _act_named(self, a: _Ask) -> ActResult:
         """The act naming its steps; once more with the missing ones inline if the worker
@@ -284,7 +318,7 @@ class ActLink:
                 except PolicyError as exc:
                     if exc.code != "missing_steps" or attempt == 2:
                         raise
-                    missing = exc.missing()
+                    missing = exc.missing(a.window.needed())
                     log.warning(
                         "act at step %d: the worker lacks %d uploads (%s); sending them inline",
                         a.step,

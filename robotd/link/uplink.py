@@ -10,20 +10,24 @@ acts, on the observe connection (robotd.link.observe).
   then go up at once (read back from the robot-side rings), later ones as they are made.
   An episode's first act is predicted at its first step;
 - `ensure`: just before an act, whatever its window reads that has not gone up (a
-  misprediction), ahead of everything queued; `inline`: what the worker still lacks after
-  waiting, encoded for the act itself.
-Each (episode, step, key) goes up at most once. Frames are copied out of the camera rings
-on the event loop as soon as a step is chosen (before the ring overwrites them), then fitted
-and encoded in worker threads. A frame already overwritten, or a step no longer held, is a
-declared loss: a skip tells the worker never to wait for it, and it is counted (never
-replaced by another frame).
+  misprediction), and everything of its window still queued, ahead of everything else and
+  past the limits (the act waits for it); `inline`: what the worker still lacks after
+  waiting, encoded for the act itself;
+- `settled`: the act's outcome. An act that never reached the policy leaves no trace: the
+  every-streams count from the act before it again.
+Each (episode, step, key) goes up at most once, unless the worker refused it (then it may go
+again, or inline). Frames are copied out of the camera rings on the event loop as soon as a
+step is chosen (before the ring overwrites them), then fitted and encoded in worker threads.
+A frame already overwritten, a camera without a frame at that step, or a step no longer held
+is a declared loss: a skip, saying which, tells the worker never to wait for it, and it is
+counted (never replaced by another frame).
 """
 
 from __future__ import annotations
 
 import logging
 from collections import deque
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -58,7 +62,8 @@ class _Job:
 class _Episode:
     wep: str
     sent: dict[int, set[str]] = field(default_factory=dict)  # queued, sent or declared lost
-    last_act: int | None = None
+    last_act: int | None = None  # the act asked last (the one in flight, if any)
+    prev_act: int | None = None  # the act before it (restored if that one fails)
     predicted: int | None = None
     first: int | None = None
     newest: int = -1
@@ -93,8 +98,11 @@ class Uplink:
         self.counters = counters
         self.timing, self.olh = timing, open_loop_horizon
         self.refill, self.merge = refill_steps, merge
-        self.conn = ObserveConnection(endpoint, counters, limits=limits, when_behind=when_behind)
+        self.conn = ObserveConnection(
+            endpoint, counters, limits=limits, when_behind=when_behind, on_refused=self._refused
+        )
         self._eps: dict[str, _Episode] = {}
+        self._urgent: dict[str, frozenset[int]] = {}  # steps the act in flight reads
         self._jobs: tuple[deque[_Job], deque[_Job]] = (deque(), deque())  # urgent, in order
         self._job_ready = Signal()
         self.mispredicted = 0  # (step, key) pairs that went up only just before their act
@@ -118,6 +126,7 @@ class Uplink:
     def on_ask(self, wep: str, step: int, queue: int) -> None:
         """The control lane asked an act at `step` with `queue` rows left."""
         ep = self._episode(wep)
+        ep.prev_act = ep.last_act
         ep.last_act, ep.predicted, ep.ask_step, ep.ask_queue = step, None, step, queue
 
     def on_chunk(self, msg: Mapping[str, Any]) -> None:
@@ -146,12 +155,37 @@ class Uplink:
                 self._choose(ep, step, set(keys), self.steps.get(ep.wep, step), urgent=False)
 
     def ensure(self, wep: str, needed: Mapping[int, frozenset[str]]) -> None:
-        """Just before an act: send, ahead of everything queued, what its window reads and
-        has not gone up."""
+        """Just before an act: send what its window reads and has not gone up, and move what
+        it reads that is still queued (for encoding or sending) ahead of everything else.
+        Until `settled`, the act's steps go past the limits: the act waits for them."""
         ep = self._episode(wep)
+        self._urgent[wep] = frozenset(needed)
+        jobs = self._jobs[1]
+        moved = [j for j in jobs if j.wep == wep and j.step in needed]
+        if moved:
+            keep = [j for j in jobs if not (j.wep == wep and j.step in needed)]
+            jobs.clear()
+            jobs.extend(keep)
+            self._jobs[0].extend(moved)
+            self._job_ready.set()
+        self.conn.promote(wep, needed)
         for step, keys in needed.items():
             rec = self.steps.get(wep, step)
             self.mispredicted += self._choose(ep, step, set(keys), rec, urgent=True)
+
+    def settled(self, wep: str, step: int, handed: bool) -> None:
+        """The act at `step` is over; `handed`: it reached the policy (answered, or failed
+        there). If it did not, the every-streams count from the act before it again (the
+        policy never saw these steps), and steps made since go up on that count."""
+        self._urgent.pop(wep, None)
+        ep = self._eps.get(wep)
+        if ep is None or handed or ep.last_act != step:
+            return
+        ep.last_act, ep.predicted = ep.prev_act, None
+        for s in range(step + 1, ep.newest + 1):
+            keys = set(self.planner.every_keys_at(s, ep.last_act))
+            if keys:
+                self._choose(ep, s, keys, self.steps.get(wep, s), urgent=False)
 
     async def inline(self, wep: str, wanted: list[tuple[int, str]]) -> list[dict[str, Any]]:
         """Uploads for the act itself ({"step", "values", "frames"}), read back from the
@@ -163,7 +197,8 @@ class Uplink:
         for step, keys in sorted(by_step.items()):
             values, pixels, lost = self._read(self.steps.get(wep, step), keys)
             if lost:
-                raise FrameLost(f"step {step} {sorted(lost)}: no longer held robot-side")
+                what = "; ".join(f"{k!r}: {why}" for k, why in lost)
+                raise FrameLost(f"step {step}: {what}")
             jobs.append(_Job(wep, step, values, pixels))
         try:
             out = await anyio.to_thread.run_sync(lambda: [self._encode(j) for j in jobs])
@@ -232,9 +267,11 @@ class Uplink:
             return 0
         sent |= keys
         values, pixels, lost = self._read(rec, keys)
-        if lost:
-            why = "frame overwritten in its camera ring before it was read"
-            self._skip(ep.wep, step, lost, "no longer held robot-side" if rec is None else why)
+        by_reason: dict[str, list[str]] = {}
+        for key, why in lost:
+            by_reason.setdefault(why, []).append(key)
+        for why, lost_keys in by_reason.items():
+            self._skip(ep.wep, step, lost_keys, why)
         if values or pixels:
             self._jobs[0 if urgent else 1].append(_Job(ep.wep, step, values, pixels))
             self._job_ready.set()
@@ -242,26 +279,40 @@ class Uplink:
 
     def _read(
         self, rec: Mapping[str, Any] | None, keys: set[str]
-    ) -> tuple[dict[str, Any], dict[str, np.ndarray], list[str]]:
-        """(values, frame copies, keys lost) of a step record; frames from the rings."""
+    ) -> tuple[dict[str, Any], dict[str, np.ndarray], list[tuple[str, str]]]:
+        """(values, frame copies, (key, why) lost) of a step record; frames from the rings."""
         values: dict[str, Any] = {}
         pixels: dict[str, np.ndarray] = {}
-        lost: list[str] = []
+        lost: list[tuple[str, str]] = []
         for key in sorted(keys):
             if rec is None:
-                lost.append(key)
+                lost.append((key, "step no longer held robot-side"))
             elif key in self.rings:
                 ref = (rec.get("cams") or {}).get(key)
                 got = self.rings[key].read(int(ref[0])) if ref is not None else None
-                if got is None:
-                    lost.append(key)
+                if ref is None:
+                    lost.append((key, "the camera had no frame at that step"))
+                elif got is None:
+                    lost.append((key, "frame overwritten in its camera ring before it was read"))
                 else:
                     pixels[key] = got[0]
             else:
-                values[key] = step_value(rec, key)
+                try:
+                    values[key] = step_value(rec, key)
+                except (KeyError, TypeError, ValueError) as err:
+                    lost.append((key, f"not in the step record ({err})"))
         return values, pixels, lost
 
+    def _refused(self, wep: str, step: int, keys: list[str]) -> None:
+        """The worker keeps none of a post: its keys may go up again (or inline)."""
+        ep = self._eps.get(wep)
+        sent = ep.sent.get(step) if ep is not None else None
+        if sent is not None:
+            sent.difference_update(keys)
+
     def _skip(self, wep: str, step: int, keys: list[str], reason: str) -> None:
+        if wep not in self._eps:  # the episode ended: the worker forgot it
+            return
         self.conn.skip(wep, step, keys, sum(k in self.rings for k in keys), reason)
 
     def _encode(self, job: _Job) -> dict[str, Any]:
@@ -279,13 +330,24 @@ class Uplink:
             job = self._jobs[0 if urgent else 1].popleft()
             if job.wep not in self._eps:
                 continue
-            try:
-                frames = await anyio.to_thread.run_sync(self._encode, job)
-            except FrameError as err:
-                self._skip(job.wep, job.step, sorted(job.pixels), f"bad frame: {err}")
-                frames = {}
-            if job.values or frames:
-                self.conn.post(job.wep, job.step, job.values, frames, urgent=urgent)
+            frames: dict[str, Any] = {}
+            if job.pixels:  # one thread a step: faster than a thread a frame (measured)
+                try:
+                    frames = await anyio.to_thread.run_sync(self._encode, job)
+                except FrameError as err:
+                    self._skip(job.wep, job.step, sorted(job.pixels), f"bad frame: {err}")
+                except Exception as err:  # never let one frame stop the uploads
+                    log.exception("encoding step %d %s", job.step, sorted(job.pixels))
+                    self._skip(job.wep, job.step, sorted(job.pixels), f"encoding failed: {err}")
+            self._post(job, urgent, frames)
+
+    def _post(self, job: _Job, urgent: bool, frames: dict[str, Any]) -> None:
+        if job.wep not in self._eps:  # the episode ended meanwhile: nothing of it goes up
+            return
+        # An act may have been asked for this step while it was encoded.
+        urgent = urgent or job.step in self._urgent.get(job.wep, ())
+        if job.values or frames:
+            self.conn.post(job.wep, job.step, job.values, frames, urgent=urgent)
 
 
 def make_uplink(
@@ -317,6 +379,9 @@ def make_uplink(
                 cam.ring_seconds,
                 back_s,
             )
+    limits = UplinkLimits(p.max_episode_frames, p.max_episode_bytes).within(hello.limits)
+    olh = actions.open_loop_horizon if actions is not None else None
+    warn_window_over_limit(planner, set(cfg.cameras), olh or 1, limits, p.max_episode_frames)
     streams = obs.streams if obs is not None else {}
     return Uplink(
         observe_address(observe, act_endpoint),
@@ -326,9 +391,45 @@ def make_uplink(
         {k: s.camera for k, s in streams.items() if k in cfg.cameras},
         counters,
         timing=c.timing,
-        open_loop_horizon=actions.open_loop_horizon if actions is not None else None,
+        open_loop_horizon=olh,
         refill_steps=c.refill_steps,
         merge=c.merge,
-        limits=UplinkLimits(p.max_episode_frames, p.max_episode_bytes).within(hello.limits),
+        limits=limits,
         when_behind=obs.when_behind if obs is not None else "wait",
     )
+
+
+def window_frames(planner: WindowPlanner, cameras: Collection[str], interval: int) -> int:
+    """Camera frames one act reads once an episode is under way (acts `interval` apart)."""
+    t = planner.lookback + interval
+    return sum(len(keys & set(cameras)) for keys in planner.needed(t, t - interval).values())
+
+
+def warn_window_over_limit(
+    planner: WindowPlanner,
+    cameras: Collection[str],
+    interval: int,
+    limits: UplinkLimits,
+    configured: int,
+) -> bool:
+    """Warn (True) when one act's window holds more camera frames than the worker may keep
+    for an episode: uploads cannot run ahead of such acts."""
+    frames = window_frames(planner, cameras, interval)
+    if frames <= limits.episode_frames:
+        return False
+    log.warning(
+        "one act's window reads %d camera frames (%d look-back steps, cameras %s) but the "
+        "worker may hold only %d frames per episode (policy.max_episode_frames = %d%s): "
+        "frames cannot go up ahead of the acts; each act's go up when it is asked and what "
+        "the worker cannot keep is sent inline. Raise policy.max_episode_frames and the "
+        "worker's --max-episode-frames to at least %d (two windows: the next one goes up "
+        "while an act holds its own)",
+        frames,
+        planner.lookback,
+        sorted(set(cameras) & set(planner.keys)),
+        limits.episode_frames,
+        configured,
+        ", lowered to the worker's limit" if limits.episode_frames < configured else "",
+        2 * frames,
+    )
+    return True

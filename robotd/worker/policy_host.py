@@ -29,9 +29,12 @@ The policy API (what `robotd serve MODULE:CLASS` loads)::
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import inspect
 import logging
+import queue
+import threading
 import traceback
 import typing
 from collections import OrderedDict
@@ -42,11 +45,12 @@ import numpy as np
 
 from robotd.contract import Actions, Observations
 from robotd.link.fit import FrameError, decode
-from robotd.worker.store import Frame
+from robotd.worker.store import DecodeBudget, Frame
 
 log = logging.getLogger("robotd.worker")
 
 ENDED_KEPT = 4096  # ended episode ids remembered, so a late act for one is refused
+MAX_AHEAD = 256  # frames waiting to be decoded ahead; beyond it the policy thread decodes
 
 
 class PolicyLoadError(ValueError):
@@ -169,8 +173,9 @@ class PolicyHost:
         return out
 
     def _decode(self, step: int, key: str, frame: Frame) -> np.ndarray:
+        layout = self.layouts.get(key, "hwc_uint8")
         try:
-            return decode(frame.msg, self.layouts.get(key, "hwc_uint8"), name=key)
+            return frame.value(lambda msg: decode(msg, layout, name=key))
         except FrameError as err:
             raise PolicyCallError("bad_frame", f"step {step} key {key!r}: {err}") from None
 
@@ -187,6 +192,60 @@ class PolicyHost:
         else:
             answer = _call("infer()", self._infer, inputs)
         return check_actions(answer, self.actions)
+
+
+class Decoder:
+    """Decodes uploaded frames ahead of the acts that read them, on a thread of its own, so
+    that what an act reads is decoded when it is handed to the policy (Frame.ahead).
+    Bounded by the budget's bytes and a queue of MAX_AHEAD frames: a frame left out is
+    decoded by the policy thread when read, as are frames that fail to decode (the error is
+    the act's). `submit` is called from the worker's poll loop and never blocks."""
+
+    def __init__(self, host: PolicyHost, budget: DecodeBudget) -> None:
+        self.layouts = dict(host.layouts)
+        self.budget = budget
+        self._queue: queue.Queue[tuple[str, Frame] | None] = queue.Queue(MAX_AHEAD)
+        self._thread = threading.Thread(target=self._run, name="robotd-decode", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def submit(self, key: str, frame: Frame) -> None:
+        with contextlib.suppress(queue.Full):
+            self._queue.put_nowait((key, frame))
+
+    def stop(self) -> None:
+        """Drop what waits and end the thread (call from the thread that submits)."""
+        if not self._thread.is_alive():
+            return
+        while True:
+            try:
+                self._queue.get_nowait()
+            except queue.Empty:
+                break
+        self._queue.put(None)
+        self._thread.join(timeout=5.0)
+
+    def _run(self) -> None:
+        while (item := self._queue.get()) is not None:
+            key, frame = item
+            layout = self.layouts.get(key, "hwc_uint8")
+            frame.ahead(
+                lambda msg, k=key, lay=layout: decode(msg, lay, name=k),
+                self.budget,
+                decoded_size(frame.msg, layout),
+            )
+
+
+def decoded_size(msg: Any, layout: str) -> int:
+    """Bytes a frame message decodes to, from its declared shape (0 if it has none: then it
+    does not decode either)."""
+    shape = msg.get("shape") if isinstance(msg, dict) else None
+    if not isinstance(shape, list | tuple) or not all(
+        isinstance(n, int) and not isinstance(n, bool) and n >= 0 for n in shape
+    ):
+        return 0
+    return int(np.prod(shape, dtype=np.int64)) * (4 if layout == "chw_float" else 1)
 
 
 def _call(what: str, fn: Any, *args: Any, **kwargs: Any) -> Any:

@@ -14,6 +14,7 @@ from robotd.worker.store import Frame
 MAX_STEPS = 65536
 MAX_EPISODE_ID = 256
 MAX_WAIT_S = 600.0
+MAX_KEY = 256  # characters in an observation key named by a skip
 
 
 class BadRequest(ValueError):
@@ -192,9 +193,18 @@ def upload_fields(msg: dict[str, Any]) -> Upload:
             raise BadRequest("bad_request", str(err)) from None
         return Upload(cmd, episode, step, values, [], "")
     keys, reason = msg.get("keys"), msg.get("reason", "")
-    if not isinstance(keys, list) or not all(isinstance(k, str) for k in keys):
-        raise BadRequest("bad_request", "field 'keys': not a list of strings")
-    return Upload(cmd, episode, step, {}, keys, str(reason)[:200])
+    if (
+        not isinstance(keys, list)
+        or len(keys) > MAX_STREAMS
+        or not all(isinstance(k, str) and 0 < len(k) <= MAX_KEY for k in keys)
+    ):
+        raise BadRequest(
+            "bad_request",
+            f"field 'keys': not a list of at most {MAX_STREAMS} keys of 1..{MAX_KEY} characters",
+        )
+    if not isinstance(reason, str):
+        raise BadRequest("bad_request", f"field 'reason': not a string ({type(reason).__name__})")
+    return Upload(cmd, episode, step, {}, keys, reason[:200])
 
 
 def observe_endpoint(bind: str) -> str:

@@ -11,6 +11,8 @@ Threads and sockets:
   `missing_steps`, naming them, so that the daemon sends them inline.
 - One policy thread makes every call into the PolicyHost (episode bookkeeping, reset,
   frame decoding, infer, on_episode_end) in dispatch order, one at a time.
+- A decoder thread decodes each uploaded frame as it is kept, ahead of the act that reads it
+  (within StoreLimits.decoded_bytes), so that the policy thread mostly finds it done.
 """
 
 from __future__ import annotations
@@ -27,7 +29,7 @@ from typing import Any
 import zmq
 
 from robotd import wire
-from robotd.worker.policy_host import PolicyHost
+from robotd.worker.policy_host import Decoder, PolicyHost
 from robotd.worker.policy_loop import Job, PolicyLoop, drop_queued, reply_error, send
 from robotd.worker.requests import (
     BadRequest,
@@ -40,7 +42,7 @@ from robotd.worker.requests import (
     request_id,
     upload_fields,
 )
-from robotd.worker.store import FrameStore, StoreLimits
+from robotd.worker.store import DecodeBudget, FrameStore, StoreLimits
 
 log = logging.getLogger("robotd.worker")
 
@@ -83,7 +85,7 @@ def serve(
     or KeyboardInterrupt.
     """
     host = PolicyHost(policy, policy_kwargs)
-    server = _Server(host, FrameStore(limits), stream_wait_s)
+    server = _Server(host, limits or StoreLimits(), stream_wait_s)
     observe = observe or observe_endpoint(bind)
     if stop is not None:
         server.run(bind, observe, ready, stop)
@@ -99,9 +101,11 @@ def serve(
 
 
 class _Server:
-    def __init__(self, host: PolicyHost, store: FrameStore, stream_wait_s: float) -> None:
+    def __init__(self, host: PolicyHost, limits: StoreLimits, stream_wait_s: float) -> None:
         self.host = host
-        self.store = store
+        self.decoder = Decoder(host, DecodeBudget(limits.decoded_bytes))
+        streams = host.observations.streams if host.observations is not None else None
+        self.store = FrameStore(limits, keys=streams, on_frame=self.decoder.submit)
         self.stream_wait_s = stream_wait_s
         self.jobs: queue.Queue[Job | None] = queue.Queue(maxsize=MAX_QUEUED)
         self.parked: list[_Parked] = []
@@ -114,7 +118,7 @@ class _Server:
                 "actions": host.actions.to_wire() if host.actions else None,
             },
             "endpoints": {"observe": None},
-            "limits": store.limits.to_wire(),
+            "limits": self.store.limits.to_wire(),
             "policy": host.spec,
         }
 
@@ -142,6 +146,7 @@ class _Server:
                 bound.append(sock.getsockopt_string(zmq.LAST_ENDPOINT))
             self.observe_ep = bound[1]
             thread.start()
+            self.decoder.start()
             # stdout, not the log: the one line a supervisor or a user waits for.
             print(
                 f"robotd worker: policy {self.host.spec} listening on {bound[0]} "
@@ -152,6 +157,7 @@ class _Server:
                 ready(bound[0])
             self._loop(router, obs, done, stop, thread)
         finally:
+            self.decoder.stop()
             if thread.is_alive():
                 drop_queued(self.jobs)  # shutting down: unanswered requests time out
                 self.jobs.put(None)
@@ -370,11 +376,11 @@ class _Server:
         result: dict[str, Any] = {"episode": up.episode, "step": up.step, "refused": None}
         if up.cmd == "post":
             through, refusal = self.store.post(owner, up.episode, up.step, up.values, size)
-            if refusal is not None:
-                log.warning("upload refused: %s", refusal.message)
-                result["refused"] = {"code": refusal.code, "message": refusal.message}
         else:
-            through = self.store.skip(owner, up.episode, up.step, up.keys, up.reason)
+            through, refusal = self.store.skip(owner, up.episode, up.step, up.keys, up.reason)
+        if refusal is not None:
+            log.warning("upload refused: %s", refusal.message)
+            result["refused"] = {"code": refusal.code, "message": refusal.message}
         result["through"] = through
         return result
 

@@ -4,14 +4,20 @@ The poll loop of the worker owns it (one thread, no locking). A daemon posts the
 a step (`post`), declares steps it will never send (`skip`), and its acts name the steps and
 keys they read (`lookup`); an act that is handed to the policy releases the steps no later
 act of its episode can read (`release`). Frames are kept as they travelled (encoded) and
-decoded on the policy thread, so the poll loop never spends time on pixels.
+decoded on other threads, so the poll loop never spends time on pixels: each frame kept is
+handed to `on_frame` (the worker decodes it ahead of the acts, see Frame).
 
 Contract:
 - (episode, step, key) is kept once: a post of keys already held is acknowledged the same
   and adds nothing.
 - Limits (StoreLimits): frames and bytes held per episode, bytes held by the whole worker.
-  A post over a limit is refused (nothing of it kept) with a `Refusal` naming the limit.
+  A post over a limit is refused (nothing of it kept) with a `Refusal` naming the limit; an
+  act reading a refused key is answered at once (it is `lost`, with the refusal's message)
+  until the key is posted again and kept.
 - Bytes are counted as received (the post's message size), so a daemon can mirror them.
+  Skip declarations count too, `SKIP_ENTRY_BYTES` a (step, key); a skip over a limit, naming
+  a key outside `keys` (the contract's streams, when known) or more keys than there are
+  streams is refused.
 - An episode's frames are freed by `drop` (end_episode), when its owner (the observe
   connection that posted it) starts a newer episode, or after `idle_s` without a post.
 - `through(episode)`: the highest step up to which the store holds (or was told to skip)
@@ -20,12 +26,15 @@ Contract:
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 MB = 1 << 20
+SKIP_ENTRY_BYTES = 128  # what one declared-skipped (step, key) is charged against the limits
+MAX_SKIP_KEYS = 64  # keys one skip may name when the contract's streams are not known
 
 
 @dataclass(frozen=True)
@@ -36,6 +45,7 @@ class StoreLimits:
     episode_bytes: int = 64 * MB
     worker_bytes: int = 1024 * MB
     idle_s: float = 600.0  # an episode without a post this long is freed (its daemon is gone)
+    decoded_bytes: int = 256 * MB  # frames decoded ahead of their acts (robotd.worker.server)
 
     def to_wire(self) -> dict[str, int]:
         return {
@@ -45,18 +55,78 @@ class StoreLimits:
         }
 
 
-class Frame:
-    """An encoded camera frame as it travelled (robotd.link.fit.to_wire); decoded later."""
+class DecodeBudget:
+    """Bytes of frames decoded ahead of their acts, held at most `limit` (thread-safe)."""
 
-    __slots__ = ("msg",)
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.held = 0
+        self._lock = threading.Lock()
+
+    def take(self, nbytes: int) -> bool:
+        with self._lock:
+            if self.held + nbytes > self.limit:
+                return False
+            self.held += nbytes
+            return True
+
+    def give(self, nbytes: int) -> None:
+        with self._lock:
+            self.held -= nbytes
+
+
+class Frame:
+    """An encoded camera frame as it travelled (robotd.link.fit.to_wire).
+
+    Decoded at most once ahead of the acts that read it, on the worker's decoder thread
+    (`ahead`, within a DecodeBudget given back when the frame is gone), read-only; the
+    policy thread takes that copy, waiting if it is being made, or decodes for itself
+    (`value`). `released`: the store let go of it (an act may still be reading it), so it
+    is not worth decoding ahead any more.
+    """
+
+    __slots__ = ("_budget", "_charged", "_lock", "_value", "msg", "released")
 
     def __init__(self, msg: Any) -> None:
         self.msg = msg
+        self.released = False
+        self._lock = threading.Lock()
+        self._value: Any = None
+        self._budget: DecodeBudget | None = None
+        self._charged = 0
+
+    def ahead(self, decode: Callable[[Any], Any], budget: DecodeBudget, nbytes: int) -> bool:
+        """Decode now and keep the result if `nbytes` fit the budget; False if not done
+        (released, done already, no room, or it does not decode: `value` will say why)."""
+        with self._lock:
+            if self.released or self._value is not None or not budget.take(nbytes):
+                return False
+            try:
+                value = decode(self.msg)
+            except Exception:
+                budget.give(nbytes)
+                return False
+            if hasattr(value, "flags"):
+                value.flags.writeable = False  # shared by every act that reads the frame
+            self._value, self._budget, self._charged = value, budget, nbytes
+            return True
+
+    def value(self, decode: Callable[[Any], Any]) -> Any:
+        """The decoded frame: the copy made ahead, else `decode(msg)` (not kept)."""
+        with self._lock:
+            value = self._value
+        return value if value is not None else decode(self.msg)
+
+    def __del__(self) -> None:
+        budget = getattr(self, "_budget", None)
+        if budget is not None:
+            budget.give(self._charged)
 
 
 @dataclass(frozen=True, slots=True)
 class Refusal:
-    """Why a post was not kept: code episode_frames | episode_bytes | worker_bytes | released."""
+    """Why a post or skip was not kept: code episode_frames | episode_bytes | worker_bytes |
+    released | bad_skip."""
 
     code: str
     message: str
@@ -79,7 +149,7 @@ class _Episode:
     steps: dict[int, dict[str, Any]] = field(default_factory=dict)
     sizes: dict[int, list[int]] = field(default_factory=dict)  # step -> [frames, bytes]
     skipped: dict[int, dict[str, str]] = field(default_factory=dict)  # step -> key -> reason
-    refused: set[int] = field(default_factory=set)
+    refused: dict[int, dict[str, str]] = field(default_factory=dict)  # step -> key -> why
     frames: int = 0
     nbytes: int = 0
     floor: int = 0  # steps below were released
@@ -94,9 +164,15 @@ class FrameStore:
     """Uploaded observations of every episode a worker serves, within `limits`."""
 
     def __init__(
-        self, limits: StoreLimits | None = None, clock: Callable[[], float] = time.monotonic
+        self,
+        limits: StoreLimits | None = None,
+        clock: Callable[[], float] = time.monotonic,
+        keys: Iterable[str] | None = None,
+        on_frame: Callable[[str, Frame], None] | None = None,
     ) -> None:
         self.limits = limits or StoreLimits()
+        self.keys = frozenset(keys) if keys is not None else None  # the contract's streams
+        self.on_frame = on_frame  # called with each frame kept (to decode it ahead)
         self._clock = clock
         self._episodes: dict[str, _Episode] = {}
         self.nbytes = 0  # held by the whole worker
@@ -124,31 +200,65 @@ class FrameStore:
         if refusal is not None:
             if not held:
                 del ep.steps[step]
-            ep.refused.add(step)
+            ep.refused.setdefault(step, {}).update(
+                dict.fromkeys(new, f"refused: {refusal.message}")
+            )
             return self.through(episode), refusal
         held.update(new)
+        self._charge(ep, step, frames, nbytes)
+        if self.on_frame is not None:
+            for key, value in new.items():
+                if isinstance(value, Frame):
+                    self.on_frame(key, value)
+        refused = ep.refused.get(step)
+        if refused is not None:
+            for key in new:
+                refused.pop(key, None)
+            if not refused:
+                del ep.refused[step]
+        ep.top = max(ep.top, step)
+        return self.through(episode), None
+
+    def skip(
+        self, owner: bytes, episode: str, step: int, keys: Sequence[str], reason: str
+    ) -> tuple[int, Refusal | None]:
+        """The daemon will never send `keys` at `step` (lost robot-side): acts reading them
+        are answered at once instead of waiting. Returns (through, None) or (through,
+        Refusal): a key outside the contract, too many keys, or over a limit."""
+        ep = self._episode(owner, episode)
+        what = f"episode {episode!r} step {step}: skip refused"
+        allowed = self.keys
+        if len(keys) > (len(allowed) if allowed is not None else MAX_SKIP_KEYS):
+            return self.through(episode), Refusal(
+                "bad_skip", f"{what}: {len(keys)} keys, more than the contract has streams"
+            )
+        unknown = sorted(set(keys) - allowed) if allowed is not None else []
+        if unknown:
+            return self.through(episode), Refusal(
+                "bad_skip", f"{what}: {unknown[:4]} are not streams of the contract"
+            )
+        if step < ep.floor:
+            return self.through(episode), None  # released already: nobody will wait for it
+        held = ep.steps.get(step, {})
+        marks = ep.skipped.get(step, {})
+        new = [k for k in dict.fromkeys(keys) if k not in held and k not in marks]
+        nbytes = SKIP_ENTRY_BYTES * len(new)
+        refusal = self._over_limit(episode, ep, step, 0, nbytes)
+        if refusal is not None:
+            return self.through(episode), Refusal(refusal.code, f"skip: {refusal.message}")
+        if new:
+            ep.skipped.setdefault(step, {}).update(dict.fromkeys(new, reason))
+            self._charge(ep, step, 0, nbytes)
+        ep.top = max(ep.top, step)
+        return self.through(episode), None
+
+    def _charge(self, ep: _Episode, step: int, frames: int, nbytes: int) -> None:
         size = ep.sizes.setdefault(step, [0, 0])
         size[0] += frames
         size[1] += nbytes
         ep.frames += frames
         ep.nbytes += nbytes
         self.nbytes += nbytes
-        ep.refused.discard(step)
-        ep.top = max(ep.top, step)
-        return self.through(episode), None
-
-    def skip(self, owner: bytes, episode: str, step: int, keys: Iterable[str], reason: str) -> int:
-        """The daemon will never send `keys` at `step` (lost robot-side): acts reading them
-        are answered at once instead of waiting. Returns through."""
-        ep = self._episode(owner, episode)
-        if step >= ep.floor:
-            held = ep.steps.get(step, {})
-            marks = ep.skipped.setdefault(step, {})
-            for key in keys:
-                if key not in held:
-                    marks[key] = reason
-            ep.top = max(ep.top, step)
-        return self.through(episode)
 
     def _episode(self, owner: bytes, episode: str) -> _Episode:
         now = self._clock()
@@ -224,6 +334,8 @@ class FrameStore:
                     obs[key] = held[key]
                 elif ep is not None and key in ep.skipped.get(source, {}):
                     lost.append((source, key, ep.skipped[source][key]))
+                elif ep is not None and key in ep.refused.get(source, {}):
+                    lost.append((source, key, ep.refused[source][key]))
                 elif ep is not None and source < ep.floor:
                     lost.append((source, key, f"released (below step {ep.floor})"))
                 else:
@@ -237,15 +349,16 @@ class FrameStore:
         ep = self._episodes.get(episode)
         if ep is None or below <= ep.floor:
             return
-        for step in [s for s in ep.steps if s < below]:
-            del ep.steps[step]
-            frames, nbytes = ep.sizes.pop(step, (0, 0))
+        for step in [s for s in ep.sizes if s < below]:
+            frames, nbytes = ep.sizes.pop(step)
             ep.frames -= frames
             ep.nbytes -= nbytes
             self.nbytes -= nbytes
-        for step in [s for s in ep.skipped if s < below]:
-            del ep.skipped[step]
-        ep.refused = {s for s in ep.refused if s >= below}
+        for step in [s for s in ep.steps if s < below]:
+            _drop_frames(ep.steps.pop(step))
+        for table in (ep.skipped, ep.refused):
+            for step in [s for s in table if s < below]:
+                del table[step]
         ep.floor = below
 
     def drop(self, episode: str) -> None:
@@ -253,6 +366,8 @@ class FrameStore:
         ep = self._episodes.pop(episode, None)
         if ep is not None:
             self.nbytes -= ep.nbytes
+            for values in ep.steps.values():
+                _drop_frames(values)
 
     # ---- state ------------------------------------------------------------------------------
 
@@ -276,3 +391,9 @@ class FrameStore:
     def steps_held(self, episode: str) -> list[int]:
         ep = self._episodes.get(episode)
         return sorted(ep.steps) if ep is not None else []
+
+
+def _drop_frames(values: Mapping[str, Any]) -> None:
+    for value in values.values():
+        if isinstance(value, Frame):
+            value.released = True

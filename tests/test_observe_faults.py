@@ -1,0 +1,542 @@
+"""Faults on the observe stream (issue 3's audit): limits smaller than a window, malformed
+acknowledgements and act replies, refused uploads, acts that never reach the policy. Real
+sockets, real shared-memory rings and, where the worker's part matters, a real worker."""
+
+from __future__ import annotations
+
+import importlib
+import logging
+import sys
+import textwrap
+import threading
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import anyio
+import numpy as np
+import pytest
+import zmq
+
+from robotd import wire
+from robotd.config import load_config
+from robotd.contract import Actions, Camera, Observations, Stream
+from robotd.link.client import PROTOCOL, Handshake, PolicyClient
+from robotd.link.session import TIMING_SAMPLE, ActLink, FrameSource, LinkCounters, StepRing
+from robotd.link.uplink import Uplink, UplinkLimits, make_uplink, warn_window_over_limit
+from robotd.link.windows import WindowPlanner
+from robotd.worker.server import serve
+from tests.test_uplink import KEYS, FakeObserve, Robot, planner, robot, settle, sockdir
+
+__all__ = ["robot", "sockdir"]  # fixtures used here
+
+
+def run(fn: Any) -> Any:
+    return anyio.run(fn, backend_options={"use_uvloop": True})
+
+
+def uplink(endpoint: str, plan: WindowPlanner, rob: Robot, **kwargs: Any) -> Uplink:
+    return Uplink(
+        endpoint,
+        plan,
+        rob.steps,
+        {"cam": rob.ring},
+        {"cam": Camera(codec="png")},
+        LinkCounters(),
+        **kwargs,
+    )
+
+
+# ---------------------------------------------------------------- a window over the limit
+
+
+def test_an_act_whose_window_is_over_the_limit_gets_its_frames_at_once(
+    sockdir: Path, robot: Robot
+) -> None:
+    """when_behind=wait, a 3-frame window, a 2-frame limit: the act's last step must not
+    wait for room that only the act itself can make."""
+    plan = planner(cam=Stream(at=[-6, -3, 0]))
+    fake = FakeObserve(f"ipc://{sockdir}/o.sock")
+    up = uplink(
+        f"ipc://{sockdir}/o.sock",
+        plan,
+        robot,
+        timing="sync",
+        open_loop_horizon=6,
+        limits=UplinkLimits(2, 1 << 30),
+    )
+
+    async def main() -> None:
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(up.run)
+            up.on_step(robot.step("W", 0))
+            up.on_ask("W", 0, 0)
+            up.ensure("W", plan.needed(0, None))
+            await fake.wait_for(1)
+            up.settled("W", 0, True)
+            up.on_chunk({"wep": "W", "from": 0, "at": 0, "rows": 6})  # next ask at 6
+            for s in range(1, 7):
+                up.on_step(robot.step("W", s))
+                await settle()
+            await fake.wait_for(2)  # steps 0 and 3 are held: step 6 waits for room
+            up.on_ask("W", 6, 0)
+            up.ensure("W", plan.needed(6, 0))
+            await fake.wait_until(lambda: (6, "cam") in fake.posts(), timeout=3.0)
+            tg.cancel_scope.cancel()
+
+    try:
+        run(main)
+        assert fake.posts() == [(0, "cam"), (3, "cam"), (6, "cam")]
+        assert up.mispredicted == 0 and up.counters.skipped_frames == 0
+    finally:
+        fake.close()
+
+
+def test_connect_warns_when_one_window_cannot_fit_the_frame_limit(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    cfg = load_config(overrides=["policy.max_episode_frames=4"])
+    obs = Observations(streams={c: Stream(at=[-6, -3, 0]) for c in cfg.cameras})
+    plan = WindowPlanner(obs.resolve(cfg.control.hz), cfg.observation_keys)
+    hello = Handshake(obs, Actions(open_loop_horizon=4), {"observe": "ipc:///x-o"}, "p:P")
+    caplog.set_level(logging.WARNING, "robotd.link")
+    steps = StepRing(keep=64)
+    up = make_uplink(cfg, hello, "ipc:///x", obs, plan, hello.actions, steps, {}, LinkCounters())
+    assert up is not None and up.conn.limits.episode_frames == 4
+    assert "reads 6 camera frames" in caplog.text
+    assert "only 4 frames per episode (policy.max_episode_frames = 4)" in caplog.text
+    assert "at least 12" in caplog.text
+    caplog.clear()
+    assert not warn_window_over_limit(plan, set(cfg.cameras), 4, UplinkLimits(6), 6)
+    assert caplog.text == ""
+
+
+def test_a_step_without_a_camera_frame_is_declared_skipped_saying_so(
+    sockdir: Path, robot: Robot
+) -> None:
+    plan = planner(cam=Stream(at=[-1, 0]))
+    fake = FakeObserve(f"ipc://{sockdir}/o.sock")
+    up = uplink(f"ipc://{sockdir}/o.sock", plan, robot)
+
+    async def main() -> None:
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(up.run)
+            robot.step("W", 0)["cams"]["cam"] = None  # no frame had arrived at step 0
+            robot.step("W", 1)
+            up.on_ask("W", 1, 0)
+            up.ensure("W", plan.needed(1, None))
+            await fake.wait_for(2)
+            tg.cancel_scope.cancel()
+
+    try:
+        run(main)
+        assert fake.skips() == [(0, ["cam"], "the camera had no frame at that step")]
+        assert fake.posts() == [(1, "cam")]
+    finally:
+        fake.close()
+
+
+# ---------------------------------------------------------------- malformed acknowledgements
+
+
+class RawObserve:
+    """An observe socket whose acknowledgements are whatever `answer(msg)` returns (packed
+    as they are), one per upload."""
+
+    def __init__(self, endpoint: str, answer: Callable[[dict[str, Any]], Any]) -> None:
+        self.ctx = zmq.Context()
+        self.sock = self.ctx.socket(zmq.ROUTER)
+        self.sock.setsockopt(zmq.LINGER, 0)
+        self.sock.bind(endpoint)
+        self.answer = answer
+        self.got: list[dict[str, Any]] = []
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self._serve, daemon=True)
+        self.thread.start()
+
+    def _serve(self) -> None:
+        while not self.stop.is_set():
+            if not self.sock.poll(20):
+                continue
+            route, body = self.sock.recv_multipart()
+            msg = wire.unpackb(body)
+            self.sock.send_multipart([route, wire.packb(self.answer(msg))])
+            self.got.append(msg)
+
+    def close(self) -> None:
+        self.stop.set()
+        self.thread.join(5)
+        self.sock.close()
+        self.ctx.term()
+
+
+def ack(msg: dict[str, Any], **result: Any) -> dict[str, Any]:
+    body = {"episode": msg["episode"], "step": msg["step"], "through": msg["step"]}
+    return {"id": msg["id"], "ok": True, "result": {**body, "refused": None, **result}}
+
+
+BAD_ACKS: list[tuple[Callable[[dict[str, Any]], Any], str]] = [
+    (lambda m: {"id": m["id"], "ok": True, "result": "garbage"}, "field 'result'"),
+    (lambda m: {"id": m["id"], "ok": True, "result": [1, 2]}, "field 'result'"),
+    (lambda m: {"id": m["id"], "ok": "yes", "result": {}}, "field 'ok'"),
+    (lambda m: {"id": m["id"], "ok": False, "error": "no"}, "field 'error'"),
+    (lambda m: ack(m, through="far"), "field 'result.through'"),
+    (lambda m: ack(m, through=True), "field 'result.through'"),
+    (lambda m: ack(m, refused=5), "field 'result.refused'"),
+    (lambda m: ack(m, refused={"code": 1, "message": "x"}), "field 'result.refused'"),
+    (lambda m: ack(m, step="zero"), "field 'result.step'"),
+    (lambda m: ack(m, episode=["W"]), "field 'result.episode'"),
+    (lambda m: [m["id"]], "unexpected reply"),
+    (lambda m: {"id": "x"}, "unexpected reply"),
+]
+
+
+@pytest.mark.parametrize(("bad", "needle"), BAD_ACKS)
+def test_a_malformed_acknowledgement_is_warned_and_dropped(
+    sockdir: Path,
+    robot: Robot,
+    caplog: pytest.LogCaptureFixture,
+    bad: Callable[[dict[str, Any]], Any],
+    needle: str,
+) -> None:
+    def answer(msg: dict[str, Any]) -> Any:
+        return bad(msg) if msg["step"] == 0 else ack(msg)
+
+    plan = planner(cam=Stream(every=1))
+    fake = RawObserve(f"ipc://{sockdir}/o.sock", answer)
+    up = uplink(f"ipc://{sockdir}/o.sock", plan, robot)
+    caplog.set_level(logging.WARNING, "robotd.link")
+
+    async def main() -> None:
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(up.run)
+            up.on_step(robot.step("W", 0))
+            await settle()
+            up.on_step(robot.step("W", 1))
+            with anyio.fail_after(5):  # the uploads go on after the bad answer
+                while up.conn.through("W") != 1:
+                    await anyio.sleep(0.005)
+            tg.cancel_scope.cancel()
+
+    try:
+        run(main)
+    finally:
+        fake.close()
+    assert needle in caplog.text
+    assert up.counters.uploaded_frames == 2 and up.counters.refused_frames == 0
+
+
+# ---------------------------------------------------------------- act replies and failures
+
+
+class FakeWorker:
+    """An act socket answering hello with no contract, and every act with `answer(msg)`
+    (the reply's ok and error or result)."""
+
+    def __init__(self, endpoint: str, answer: Callable[[dict[str, Any]], dict[str, Any]]):
+        self.ctx = zmq.Context()
+        self.sock = self.ctx.socket(zmq.ROUTER)
+        self.sock.setsockopt(zmq.LINGER, 0)
+        self.sock.bind(endpoint)
+        self.answer = answer
+        self.acts: list[dict[str, Any]] = []
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self._serve, daemon=True)
+        self.thread.start()
+
+    def _serve(self) -> None:
+        while not self.stop.is_set():
+            if not self.sock.poll(20):
+                continue
+            route, body = self.sock.recv_multipart()
+            msg = wire.unpackb(body)
+            if msg["cmd"] == "hello":
+                hello = {
+                    "protocol": PROTOCOL,
+                    "contract": {"observations": None, "actions": None},
+                    "endpoints": {"observe": None},
+                    "policy": "fake:Worker",
+                }
+                reply = {"ok": True, "result": hello}
+            else:
+                self.acts.append(msg)
+                reply = self.answer(msg)
+            self.sock.send_multipart([route, wire.packb({"id": msg["id"], **reply})])
+
+    def close(self) -> None:
+        self.stop.set()
+        self.thread.join(5)
+        self.sock.close()
+        self.ctx.term()
+
+
+def missing(*pairs: tuple[int, str]) -> dict[str, Any]:
+    error = {"code": "missing_steps", "message": "missing", "missing": []}
+    error["missing"] = [[s, k, "not arrived"] for s, k in pairs]
+    return {"ok": False, "error": error}
+
+
+def act_link(
+    endpoint: str, plan: WindowPlanner, rob: Robot, up: Uplink, chunks: list[dict[str, Any]]
+) -> tuple[PolicyClient, ActLink]:
+    client = PolicyClient(endpoint, timeout_s=5)
+    link = ActLink(
+        client,
+        plan,
+        rob.steps,
+        FrameSource({"cam": rob.ring}),
+        chunks.append,
+        control_hz=30.0,
+        actions=None,
+        camera_names={"cam"},
+        uplink=up,
+        stream_wait_s=0.1,
+        counters=up.counters,
+    )
+    return client, link
+
+
+@pytest.mark.parametrize(
+    ("pairs", "needle"),
+    [
+        ([(3, "bogus")], "step 3 key 'bogus' is not in the act's window"),
+        ([(2, "cam")], "step 2 key 'cam' is not in the act's window"),
+    ],
+)
+def test_missing_steps_outside_the_window_fail_the_act_not_the_daemon(
+    sockdir: Path, robot: Robot, pairs: list[tuple[int, str]], needle: str
+) -> None:
+    plan = planner(cam=Stream(at=[-2, 0]))
+    worker = FakeWorker(f"ipc://{sockdir}/w.sock", lambda m: missing(*pairs))
+    up = uplink(f"ipc://{sockdir}/o.sock", plan, robot)
+    chunks: list[dict[str, Any]] = []
+
+    async def main() -> None:
+        client, link = act_link(f"ipc://{sockdir}/w.sock", plan, robot, up, chunks)
+        await client.connect()
+        for s in range(4):
+            robot.step("W", s)
+        await link.on_ask({"k": "ask", "id": 7, "wep": "W", "s": 3, "queue": 0})
+        await client.close()
+
+    try:
+        run(main)
+    finally:
+        worker.close()
+    assert [c["k"] for c in chunks] == ["act_failed"]
+    assert "bad_reply" in chunks[0]["reason"] and needle in chunks[0]["reason"]
+    assert len(worker.acts) == 1  # never asked again with a made-up window
+
+
+class BrokenUplink(Uplink):
+    async def inline(self, wep: str, wanted: list[tuple[int, str]]) -> list[dict[str, Any]]:
+        raise RuntimeError("a bug in the uplink")
+
+
+def test_any_exception_in_an_act_becomes_act_failed_with_its_traceback(
+    sockdir: Path, robot: Robot, caplog: pytest.LogCaptureFixture
+) -> None:
+    plan = planner(cam=Stream(at=[-2, 0]))
+    worker = FakeWorker(f"ipc://{sockdir}/w.sock", lambda m: missing((3, "cam")))
+    up = BrokenUplink(
+        f"ipc://{sockdir}/o.sock",
+        plan,
+        robot.steps,
+        {"cam": robot.ring},
+        {"cam": None},
+        LinkCounters(),
+    )
+    chunks: list[dict[str, Any]] = []
+    caplog.set_level(logging.WARNING, "robotd.link")
+
+    async def main() -> None:
+        client, link = act_link(f"ipc://{sockdir}/w.sock", plan, robot, up, chunks)
+        await client.connect()
+        for s in range(4):
+            robot.step("W", s)
+        await link.on_ask({"k": "ask", "id": 8, "wep": "W", "s": 3, "queue": 0})
+        await client.close()
+
+    try:
+        run(main)
+    finally:
+        worker.close()
+    assert [c["k"] for c in chunks] == ["act_failed"]
+    assert "RuntimeError: a bug in the uplink" in chunks[0]["reason"]
+    assert "Traceback" in caplog.text and "a bug in the uplink" in caplog.text
+
+
+# ---------------------------------------------------------------- refused uploads
+
+
+def test_refused_keys_can_go_up_again(sockdir: Path, robot: Robot) -> None:
+    refuse = {"once": True}
+
+    def answer(msg: dict[str, Any]) -> dict[str, Any] | None:
+        if msg["step"] == 1 and refuse.pop("once", False):
+            return {"code": "episode_frames", "message": "the episode would hold too much"}
+        return None
+
+    plan = planner(cam=Stream(every=1))
+    fake = FakeObserve(f"ipc://{sockdir}/o.sock", answer)
+    up = uplink(f"ipc://{sockdir}/o.sock", plan, robot)
+
+    async def main() -> None:
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(up.run)
+            for s in range(3):
+                up.on_step(robot.step("W", s))
+                await settle()
+            await fake.wait_for(3)
+            with anyio.fail_after(5):
+                while up.counters.refused_frames != 1:
+                    await anyio.sleep(0.005)
+            up.on_ask("W", 2, 0)
+            up.ensure("W", plan.needed(2, None))  # reads 0, 1, 2: 1 goes up again
+            await fake.wait_for(4)
+            tg.cancel_scope.cancel()
+
+    try:
+        run(main)
+        assert fake.posts() == [(0, "cam"), (1, "cam"), (2, "cam"), (1, "cam")]
+    finally:
+        fake.close()
+
+
+# ---------------------------------------------------------------- acts that fail
+
+POLICY = textwrap.dedent("""
+    import numpy as np
+    from robotd.contract import Actions, Camera, Observations, Stream
+
+    SEEN = []
+
+    class EveryTwo:
+        observations = Observations(streams={"cam": Stream(at=[0], camera=Camera(codec="png")),
+                                             "joints.pos": Stream(every=2)})
+        actions = Actions(open_loop_horizon=4)
+
+        def infer(self, inputs):
+            SEEN.append(inputs)
+            return np.zeros((4, 2))
+""")
+
+
+@pytest.fixture
+def every_worker(sockdir: Path) -> Iterator[tuple[str, Any]]:
+    (sockdir / "every_policy.py").write_text(POLICY)
+    sys.path.insert(0, str(sockdir))
+    module = importlib.import_module("every_policy")
+    bound: list[str] = []
+    listening, stop = threading.Event(), threading.Event()
+    server = threading.Thread(
+        target=serve,
+        args=("every_policy:EveryTwo", f"ipc://{sockdir}/w.sock"),
+        kwargs={"ready": lambda ep: (bound.append(ep), listening.set()), "stop": stop},
+    )
+    server.start()
+    try:
+        assert listening.wait(10)
+        yield bound[0], module
+    finally:
+        stop.set()
+        server.join(10)
+        sys.path.remove(str(sockdir))
+        sys.modules.pop("every_policy", None)
+
+
+def test_an_act_that_never_reached_the_policy_leaves_the_every_history_whole(
+    every_worker: tuple[str, Any], robot: Robot
+) -> None:
+    endpoint, module = every_worker
+    chunks: list[dict[str, Any]] = []
+
+    async def main() -> None:
+        client = PolicyClient(endpoint, timeout_s=10)
+        hello = await client.connect(observe=True)
+        plan = WindowPlanner(hello.observations.resolve(30.0), KEYS)
+        up = uplink(hello.endpoints["observe"], plan, robot, timing="sync", open_loop_horizon=4)
+        link = ActLink(
+            client,
+            plan,
+            robot.steps,
+            FrameSource({"cam": robot.ring}),
+            chunks.append,
+            control_hz=30.0,
+            actions=hello.actions,
+            camera_names={"cam"},
+            uplink=up,
+            stream_wait_s=0.2,
+            counters=up.counters,
+        )
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(up.run)
+            for s in range(7):
+                rec = robot.step("W", s)
+                if s == 4:
+                    rec["cams"]["cam"] = None  # the camera had no frame at step 4
+                up.on_step(rec)
+                if s in (0, 4, 6):
+                    await link.on_ask({"k": "ask", "id": s, "wep": "W", "s": s, "queue": 0})
+                await settle()
+            tg.cancel_scope.cancel()
+        await client.close()
+
+    run(main)
+    assert [c["k"] for c in chunks] == ["chunk", "act_failed", "chunk"]
+    assert "the camera had no frame at that step" in chunks[1]["reason"]
+    # The act at 4 never reached the policy: the one at 6 is handed the joints at 2, 4, 6.
+    got = module.SEEN[-1]
+    assert got["steps"] == [2, 4, 6]
+    assert [sorted(o) for o in got["observations"]] == [["joints.pos"]] * 2 + [
+        ["cam", "joints.pos"]
+    ]
+    assert [o["joints.pos"][0] for o in got["observations"]] == [2.0, 4.0, 6.0]
+
+
+def test_the_act_round_trip_is_measured_from_the_ask(
+    every_worker: tuple[str, Any], robot: Robot
+) -> None:
+    endpoint, _ = every_worker
+    chunks: list[dict[str, Any]] = []
+
+    async def main() -> LinkCounters:
+        client = PolicyClient(endpoint, timeout_s=10)
+        hello = await client.connect(observe=True)
+        plan = WindowPlanner(hello.observations.resolve(30.0), KEYS)
+        up = uplink(hello.endpoints["observe"], plan, robot)  # never runs: all goes inline
+        link = ActLink(
+            client,
+            plan,
+            robot.steps,
+            FrameSource({"cam": robot.ring}),
+            chunks.append,
+            control_hz=30.0,
+            actions=hello.actions,
+            camera_names={"cam"},
+            uplink=up,
+            stream_wait_s=0.3,
+            counters=up.counters,
+        )
+        robot.step("W", 0)
+        started = time.perf_counter()
+        await link.on_ask({"k": "ask", "id": 1, "wep": "W", "s": 0, "queue": 0})
+        elapsed = (time.perf_counter() - started) * 1e3
+        await client.close()
+        assert up.counters.rtt_ms.values[0] == pytest.approx(elapsed, abs=20.0)
+        return up.counters
+
+    counters = run(main)
+    assert [c["k"] for c in chunks] == ["chunk"]
+    assert counters.rtt_ms.values[0] >= 300  # the first try's wait is part of the act
+    assert counters.inline_frames == 1
+
+
+def test_timing_samples_stay_bounded() -> None:
+    counters = LinkCounters()
+    for i in range(TIMING_SAMPLE + 500):
+        counters.rtt_ms.add(float(i))
+    assert len(counters.rtt_ms) == TIMING_SAMPLE and counters.rtt_ms.seen == TIMING_SAMPLE + 500
+    assert sorted(counters.rtt_ms)[-1] >= TIMING_SAMPLE  # late values get in too
+    assert np.isfinite(counters.rtt_ms.percentile(99))
