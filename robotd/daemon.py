@@ -103,7 +103,7 @@ class Daemon:
         except zmq.Again:
             log.error("control lane inbound queue full: dropped %s", msg.get("k"))
 
-    async def control_command(self, cmd: str, args: dict[str, Any], timeout_s: float = 2.0) -> Any:
+    async def control_command(self, cmd: str, args: dict[str, Any], timeout_s: float = 5.0) -> Any:
         """Forward an operator command to the control lane and wait for its reply."""
         self._reply_id += 1
         rid = self._reply_id

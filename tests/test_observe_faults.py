@@ -23,8 +23,9 @@ from robotd import wire
 from robotd.config import load_config
 from robotd.contract import Actions, Camera, Observations, Stream
 from robotd.link.client import PROTOCOL, Handshake, PolicyClient
+from robotd.link.connect import make_uplink, warn_window_over_limit
 from robotd.link.session import TIMING_SAMPLE, ActLink, FrameSource, LinkCounters, StepRing
-from robotd.link.uplink import Uplink, UplinkLimits, make_uplink, warn_window_over_limit
+from robotd.link.uplink import Uplink, UplinkLimits
 from robotd.link.windows import WindowPlanner
 from robotd.worker.server import serve
 from tests.test_uplink import KEYS, FakeObserve, Robot, planner, robot, settle, sockdir

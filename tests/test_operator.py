@@ -27,7 +27,7 @@ def daemon(tmp_path_factory):
 
 @pytest.fixture
 def client(daemon):
-    c = ControlClient(daemon.control_endpoint, timeout_s=5)
+    c = ControlClient(daemon.control_endpoint, timeout_s=15)  # generous: CI machines are loaded
     yield c
     c.close()
 

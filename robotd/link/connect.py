@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -12,9 +12,10 @@ import anyio
 
 from robotd.config import Config
 from robotd.contract import Actions, Observations
-from robotd.link.client import Handshake, PolicyClient, PolicyError
+from robotd.link.client import Handshake, PolicyClient, PolicyError, observe_address
+from robotd.link.observe import UplinkLimits
 from robotd.link.session import ActLink, FrameSource, LinkCounters, StepRing, choose_contract
-from robotd.link.uplink import Uplink, make_uplink
+from robotd.link.uplink import Uplink
 from robotd.link.windows import WindowPlanner
 from robotd.shm import FrameRing
 
@@ -114,3 +115,88 @@ async def connect_policy(
         sorted(resolved.keys) if resolved else "undeclared (the act's own step)",
     )
     return PolicyLink(client, hs, link, uplink, actions)
+
+
+def make_uplink(
+    cfg: Config,
+    hello: Handshake,
+    act_endpoint: str,
+    obs: Observations | None,
+    planner: WindowPlanner,
+    actions: Actions | None,
+    steps: StepRing,
+    rings: Mapping[str, FrameRing],
+    counters: LinkCounters,
+) -> Uplink | None:
+    """The daemon's uplink to the worker that said `hello`, or None if it offers no observe
+    endpoint (then acts carry their windows). Warns when a camera ring holds less than the
+    contract looks back (such frames would be declared lost)."""
+    observe = hello.endpoints.get("observe")
+    if not observe:
+        log.info("the worker offers no observe endpoint: windows go inline in each act")
+        return None
+    c, p = cfg.control, cfg.policy
+    back_s = planner.lookback / c.hz
+    for name, cam in cfg.cameras.items():
+        if name in planner.keys and back_s + 0.5 > cam.ring_seconds:
+            log.warning(
+                "cameras.%s.ring_seconds = %g but the contract looks %.2f s back: frames "
+                "older than the ring are declared lost; raise ring_seconds",
+                name,
+                cam.ring_seconds,
+                back_s,
+            )
+    limits = UplinkLimits(p.max_episode_frames, p.max_episode_bytes).within(hello.limits)
+    olh = actions.open_loop_horizon if actions is not None else None
+    warn_window_over_limit(planner, set(cfg.cameras), olh or 1, limits, p.max_episode_frames)
+    streams = obs.streams if obs is not None else {}
+    return Uplink(
+        observe_address(observe, act_endpoint),
+        planner,
+        steps,
+        rings,
+        {k: s.camera for k, s in streams.items() if k in cfg.cameras},
+        counters,
+        timing=c.timing,
+        open_loop_horizon=olh,
+        refill_steps=c.refill_steps,
+        merge=c.merge,
+        limits=limits,
+        when_behind=obs.when_behind if obs is not None else "wait",
+    )
+
+
+def window_frames(planner: WindowPlanner, cameras: Collection[str], interval: int) -> int:
+    """Camera frames one act reads once an episode is under way (acts `interval` apart)."""
+    t = planner.lookback + interval
+    return sum(len(keys & set(cameras)) for keys in planner.needed(t, t - interval).values())
+
+
+def warn_window_over_limit(
+    planner: WindowPlanner,
+    cameras: Collection[str],
+    interval: int,
+    limits: UplinkLimits,
+    configured: int,
+) -> bool:
+    """Warn (True) when one act's window holds more camera frames than the worker may keep
+    for an episode: uploads cannot run ahead of such acts."""
+    frames = window_frames(planner, cameras, interval)
+    if frames <= limits.episode_frames:
+        return False
+    log.warning(
+        "one act's window reads %d camera frames (%d look-back steps, cameras %s) but the "
+        "worker may hold only %d frames per episode (policy.max_episode_frames = %d%s): "
+        "frames cannot go up ahead of the acts; each act's go up when it is asked and what "
+        "the worker cannot keep is sent inline. Raise policy.max_episode_frames and the "
+        "worker's --max-episode-frames to at least %d (two windows: the next one goes up "
+        "while an act holds its own)",
+        frames,
+        planner.lookback,
+        sorted(set(cameras) & set(planner.keys)),
+        limits.episode_frames,
+        configured,
+        ", lowered to the worker's limit" if limits.episode_frames < configured else "",
+        2 * frames,
+    )
+    return True
