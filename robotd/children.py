@@ -44,31 +44,6 @@ class Shared:
         unlink_prefix(self.prefix)
 
 
-def _clean_stale_shm() -> None:
-    """Remove shared memory left by daemons that died without cleaning up (dead pids)."""
-    for path in Path("/dev/shm").glob(f"{SHM_PREFIX}*"):
-        parts = path.name.split("-")
-        if len(parts) >= 2 and parts[1].isdigit() and not Path(f"/proc/{parts[1]}").exists():
-            unlink_prefix(f"{SHM_PREFIX}{parts[1]}-")
-
-
-def _create_shared(cfg: Config) -> Shared:
-    _clean_stale_shm()
-    shared = Shared(prefix=f"{SHM_PREFIX}{os.getpid()}-")
-    if cfg.joints.driver == "sim" or any(c.driver == "sim" for c in cfg.cameras.values()):
-        from drivers.sim.world import SimWorld
-
-        shared.world = SimWorld.create(
-            shared.prefix + "world", len(cfg.joints.names), time.monotonic_ns()
-        )
-    for name, cam in cfg.cameras.items():
-        slots = ring_slots(cam.fps, cam.ring_seconds)
-        shared.rings[name] = FrameRing.create(
-            shared.prefix + name, (cam.height, cam.width, 3), slots
-        )
-    return shared
-
-
 def clean_stale_shm() -> None:
     """Remove shared memory left by daemons that died without cleaning up (dead pids)."""
     for path in Path(SHM_DIR).glob(f"{SHM_PREFIX}*"):
