@@ -17,9 +17,7 @@ from typing import Any
 import anyio
 import numpy as np
 import pytest
-import zmq
 
-from robotd import wire
 from robotd.config import load_config
 from robotd.contract import Actions, Camera, Observations, Stream
 from robotd.link.client import PROTOCOL, Handshake, PolicyClient
@@ -28,6 +26,7 @@ from robotd.link.session import TIMING_SAMPLE, ActLink, FrameSource, LinkCounter
 from robotd.link.uplink import Uplink, UplinkLimits
 from robotd.link.windows import WindowPlanner
 from robotd.worker.server import serve
+from tests.fake_router import FakeRouter
 from tests.test_uplink import KEYS, FakeObserve, Robot, planner, robot, settle, sockdir
 
 __all__ = ["robot", "sockdir"]  # fixtures used here
@@ -141,35 +140,21 @@ def test_a_step_without_a_camera_frame_is_declared_skipped_saying_so(
 # ---------------------------------------------------------------- malformed acknowledgements
 
 
-class RawObserve:
+class RawObserve(FakeRouter):
     """An observe socket whose acknowledgements are whatever `answer(msg)` returns (packed
     as they are), one per upload."""
 
     def __init__(self, endpoint: str, answer: Callable[[dict[str, Any]], Any]) -> None:
-        self.ctx = zmq.Context()
-        self.sock = self.ctx.socket(zmq.ROUTER)
-        self.sock.setsockopt(zmq.LINGER, 0)
-        self.sock.bind(endpoint)
+        super().__init__(endpoint)
         self.answer = answer
         self.got: list[dict[str, Any]] = []
-        self.stop = threading.Event()
-        self.thread = threading.Thread(target=self._serve, daemon=True)
-        self.thread.start()
+        self.start()
 
-    def _serve(self) -> None:
-        while not self.stop.is_set():
-            if not self.sock.poll(20):
-                continue
-            route, body = self.sock.recv_multipart()
-            msg = wire.unpackb(body)
-            self.sock.send_multipart([route, wire.packb(self.answer(msg))])
-            self.got.append(msg)
+    def reply(self, msg: dict[str, Any]) -> Any:
+        return self.answer(msg)
 
-    def close(self) -> None:
-        self.stop.set()
-        self.thread.join(5)
-        self.sock.close()
-        self.ctx.term()
+    def seen(self, msg: dict[str, Any]) -> None:
+        self.got.append(msg)
 
 
 def ack(msg: dict[str, Any], **result: Any) -> dict[str, Any]:
@@ -231,45 +216,27 @@ def test_a_malformed_acknowledgement_is_warned_and_dropped(
 # ---------------------------------------------------------------- act replies and failures
 
 
-class FakeWorker:
+class FakeWorker(FakeRouter):
     """An act socket answering hello with no contract, and every act with `answer(msg)`
     (the reply's ok and error or result)."""
 
     def __init__(self, endpoint: str, answer: Callable[[dict[str, Any]], dict[str, Any]]):
-        self.ctx = zmq.Context()
-        self.sock = self.ctx.socket(zmq.ROUTER)
-        self.sock.setsockopt(zmq.LINGER, 0)
-        self.sock.bind(endpoint)
+        super().__init__(endpoint)
         self.answer = answer
         self.acts: list[dict[str, Any]] = []
-        self.stop = threading.Event()
-        self.thread = threading.Thread(target=self._serve, daemon=True)
-        self.thread.start()
+        self.start()
 
-    def _serve(self) -> None:
-        while not self.stop.is_set():
-            if not self.sock.poll(20):
-                continue
-            route, body = self.sock.recv_multipart()
-            msg = wire.unpackb(body)
-            if msg["cmd"] == "hello":
-                hello = {
-                    "protocol": PROTOCOL,
-                    "contract": {"observations": None, "actions": None},
-                    "endpoints": {"observe": None},
-                    "policy": "fake:Worker",
-                }
-                reply = {"ok": True, "result": hello}
-            else:
-                self.acts.append(msg)
-                reply = self.answer(msg)
-            self.sock.send_multipart([route, wire.packb({"id": msg["id"], **reply})])
-
-    def close(self) -> None:
-        self.stop.set()
-        self.thread.join(5)
-        self.sock.close()
-        self.ctx.term()
+    def reply(self, msg: dict[str, Any]) -> Any:
+        if msg["cmd"] == "hello":
+            hello = {
+                "protocol": PROTOCOL,
+                "contract": {"observations": None, "actions": None},
+                "endpoints": {"observe": None},
+                "policy": "fake:Worker",
+            }
+            return {"id": msg["id"], "ok": True, "result": hello}
+        self.acts.append(msg)
+        return {"id": msg["id"], **self.answer(msg)}
 
 
 def missing(*pairs: tuple[int, str]) -> dict[str, Any]:

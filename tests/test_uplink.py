@@ -18,9 +18,7 @@ from typing import Any
 import anyio
 import numpy as np
 import pytest
-import zmq
 
-from robotd import wire
 from robotd.contract import Camera, Observations, Stream
 from robotd.link.client import PolicyClient
 from robotd.link.session import ActLink, FrameLost, FrameSource, LinkCounters, StepRing
@@ -28,13 +26,14 @@ from robotd.link.uplink import Uplink, UplinkLimits
 from robotd.link.windows import WindowPlanner
 from robotd.shm import FrameRing
 from robotd.worker.server import serve
+from tests.fake_router import FakeRouter
 
 HZ = 30.0
 KEYS = ["cam", "joints.pos", "joints.vel"]
 SHAPE = (24, 32, 3)
 
 
-class FakeObserve:
+class FakeObserve(FakeRouter):
     """A worker's observe socket that records every upload and answers it (`answer`)."""
 
     def __init__(
@@ -42,36 +41,25 @@ class FakeObserve:
         endpoint: str,
         answer: Callable[[dict[str, Any]], dict[str, Any] | None] = lambda m: None,
     ) -> None:
-        self.ctx = zmq.Context()
-        self.sock = self.ctx.socket(zmq.ROUTER)
-        self.sock.setsockopt(zmq.LINGER, 0)
-        self.sock.bind(endpoint)
+        super().__init__(endpoint)
         self.answer = answer
         self.got: list[dict[str, Any]] = []
         self.changed = threading.Condition()
-        self.stop = threading.Event()
-        self.thread = threading.Thread(target=self._serve, daemon=True)
-        self.thread.start()
+        self.start()
 
-    def _serve(self) -> None:
-        while not self.stop.is_set():
-            if not self.sock.poll(20):
-                continue
-            route, body = self.sock.recv_multipart()
-            msg = wire.unpackb(body)
-            refused = self.answer(msg)
-            result = {
-                "episode": msg["episode"],
-                "step": msg["step"],
-                "through": msg["step"],
-                "refused": refused,
-            }
-            self.sock.send_multipart(
-                [route, wire.packb({"id": msg["id"], "ok": True, "result": result})]
-            )
-            with self.changed:
-                self.got.append(msg)
-                self.changed.notify_all()
+    def reply(self, msg: dict[str, Any]) -> Any:
+        result = {
+            "episode": msg["episode"],
+            "step": msg["step"],
+            "through": msg["step"],
+            "refused": self.answer(msg),
+        }
+        return {"id": msg["id"], "ok": True, "result": result}
+
+    def seen(self, msg: dict[str, Any]) -> None:
+        with self.changed:
+            self.got.append(msg)
+            self.changed.notify_all()
 
     async def wait_for(self, n: int, timeout: float = 5.0) -> None:
         await self.wait_until(lambda: len(self.got) >= n, timeout)
@@ -96,12 +84,6 @@ class FakeObserve:
 
     def skips(self) -> list[tuple[int, list[str], str]]:
         return [(m["step"], m["keys"], m["reason"]) for m in self.got if m["cmd"] == "skip"]
-
-    def close(self) -> None:
-        self.stop.set()
-        self.thread.join(5)
-        self.sock.close()
-        self.ctx.term()
 
 
 class Robot:
