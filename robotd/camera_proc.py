@@ -2,30 +2,40 @@
 
     python -m robotd.camera_proc '{"name": "top", "driver": "sim", "width": 640,
         "height": 480, "fps": 30, "options": {"view": "top"},
-        "ring": "robotd-<run>-top", "world": "robotd-<run>-world"}'
+        "ring": "robotd-<run>-top", "shm_prefix": "robotd-<run>-"}'
 
-The parent creates the ring (and, for a sim robot, the world) and owns them: this
-process attaches, never unlinks. It dies with its parent, stops on SIGTERM/SIGINT
-and exits 0. Optional key "parent_pid": exit at once if that parent is already gone.
+The parent creates the ring and owns it: this process attaches, never unlinks. The
+camera is built through the driver factory (drivers.base) and handed the run's
+shared-memory prefix in its context. The process dies with its parent, stops on
+SIGTERM/SIGINT and exits 0. Optional key "parent_pid": exit at once if that parent is
+already gone.
 
 Exit codes: 0 stopped by a signal; 2 usage (bad json, unknown driver, bad options,
-missing or mismatched ring/world); 3 driver fault (open failed, or a run of bad
-frames). Every failure is one line on stderr naming the camera.
+missing or mismatched ring); 3 driver fault (open failed, or a run of bad frames).
+Every failure is one line on stderr naming the camera.
 """
 
 from __future__ import annotations
 
 import contextlib
-import inspect
 import sys
 import threading
 from typing import Any
 
 import pydantic
 
-from drivers.base import Camera, DriverFault
-from drivers.registry import camera_class
-from robotd.procutil import die_with_parent, install_stop_signals, one_line, sleep_until
+from drivers.base import (
+    Camera,
+    DriverConfigError,
+    DriverContext,
+    DriverFault,
+    build_camera,
+)
+from drivers.base import (
+    CameraSpec as Geometry,
+)
+from robotd.errors import one_line
+from robotd.procutil import die_with_parent, install_stop_signals, sleep_until
 from robotd.shm import FrameRing, ShmError
 
 EXIT_OK, EXIT_USAGE, EXIT_DRIVER = 0, 2, 3
@@ -47,7 +57,7 @@ class CameraSpec(pydantic.BaseModel, extra="forbid"):
     fps: float = pydantic.Field(gt=0)
     options: dict[str, Any] = pydantic.Field(default_factory=dict)
     ring: str = pydantic.Field(min_length=1)
-    world: str | None = None
+    shm_prefix: str | None = None
     parent_pid: int | None = None
 
 
@@ -61,33 +71,21 @@ def parse_spec(argv: list[str]) -> CameraSpec:
         raise UsageError(f"bad json spec: {one_line(exc)}") from None
 
 
-def load_camera_class(driver: str) -> type[Camera]:
-    """The Camera class for `driver` (drivers.registry: built-ins, then entry points)."""
-    try:
-        return camera_class(driver)
-    except LookupError as exc:
-        raise UsageError(str(exc).replace("driver", "camera driver", 1)) from None
-
-
-def build_camera(spec: CameraSpec, world: Any, stop: threading.Event) -> Camera:
-    """Construct the camera from the spec; UsageError for bad options or a missing world."""
-    cls = load_camera_class(spec.driver)
-    params = inspect.signature(cls).parameters
-    kwargs: dict[str, Any] = {}
-    if "world" in params:
-        if world is None:
-            raise UsageError(f'camera driver {spec.driver!r} needs a "world" shm name')
-        kwargs["world"] = world
-    if "sleep_until" in params:
+def make_camera(spec: CameraSpec, stop: threading.Event) -> Camera:
+    """The camera, built through the driver factory; UsageError for a bad driver or options."""
+    context = DriverContext(
         # Sleep in slices so that a stop signal is noticed within ~50 ms at any fps.
-        kwargs["sleep_until"] = lambda deadline_ns: sleep_until(deadline_ns, stop)
+        sleep_until=lambda deadline_ns: sleep_until(deadline_ns, stop),
+        stop=stop,
+        shm_prefix=spec.shm_prefix,
+        warn=lambda message: _say(f"camera {spec.name!r}", message),
+    )
+    geometry = Geometry(spec.name, spec.width, spec.height, spec.fps)
     try:
-        options_cls = getattr(cls, "Options", None)
-        options = (
-            options_cls.model_validate(spec.options) if options_cls is not None else spec.options
-        )
-        return cls(spec.name, spec.width, spec.height, spec.fps, options, **kwargs)
-    except (pydantic.ValidationError, ValueError, TypeError) as exc:
+        return build_camera(spec.driver, geometry, spec.options, context)
+    except DriverConfigError as exc:
+        raise UsageError(str(exc)) from None
+    except (ValueError, TypeError) as exc:
         raise UsageError(f"bad options for driver {spec.driver!r}: {one_line(exc)}") from None
 
 
@@ -129,13 +127,7 @@ def main(argv: list[str] | None = None) -> int:
         try:
             ring = FrameRing.attach(spec.ring)
             stack.callback(ring.close)
-            world = None
-            if spec.world is not None:
-                from drivers.sim.world import SimWorld
-
-                world = SimWorld.attach(spec.world)
-                stack.callback(world.close)
-            camera = build_camera(spec, world, stop)
+            camera = make_camera(spec, stop)
             if tuple(camera.shape) != ring.shape:
                 raise UsageError(
                     f"ring {spec.ring!r} holds frames of {ring.shape}, camera makes {camera.shape}"

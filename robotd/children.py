@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import os
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -30,17 +29,13 @@ def lane_endpoint(run_dir: Path) -> str:
 class Shared:
     """Shared memory owned by this main process (unlinked at exit)."""
 
-    prefix: str
-    world: Any = None
+    prefix: str  # drivers put what they share under it (the sim world); all unlinked at exit
     rings: dict[str, FrameRing] = field(default_factory=dict)
 
     def unlink(self) -> None:
         for ring in self.rings.values():
             ring.close()
             ring.unlink()
-        if self.world is not None:
-            self.world.close()
-            self.world.unlink()
         unlink_prefix(self.prefix)
 
 
@@ -53,15 +48,9 @@ def clean_stale_shm() -> None:
 
 
 def create_shared(cfg: Config) -> Shared:
-    """The sim world (for simulated drivers) and one frame ring per camera, named by our pid."""
+    """One frame ring per camera, named by our pid (the prefix is the drivers' too)."""
     clean_stale_shm()
     shared = Shared(prefix=f"{SHM_PREFIX}{os.getpid()}-")
-    if cfg.joints.driver == "sim" or any(c.driver == "sim" for c in cfg.cameras.values()):
-        from drivers.sim.world import SimWorld
-
-        shared.world = SimWorld.create(
-            shared.prefix + "world", len(cfg.joints.names), time.monotonic_ns()
-        )
     for name, cam in cfg.cameras.items():
         slots = ring_slots(cam.fps, cam.ring_seconds)
         shared.rings[name] = FrameRing.create(
@@ -70,17 +59,13 @@ def create_shared(cfg: Config) -> Shared:
     return shared
 
 
-def _world_name(shared: Shared) -> str | None:
-    return shared.world.name if shared.world is not None else None
-
-
 def control_argv(cfg: Config, run_id: str, up: str, down: str, shared: Shared) -> list[str]:
     spec = {
         "config": cfg.model_dump(mode="json"),
         "run_id": run_id,
         "up": up,
         "down": down,
-        "world": _world_name(shared),
+        "shm_prefix": shared.prefix,
         "rings": {n: r.name for n, r in shared.rings.items()},
     }
     return python_module("robotd.control.process", json.dumps(spec))
@@ -96,7 +81,7 @@ def camera_argv(cfg: Config, name: str, shared: Shared) -> list[str]:
         "fps": cam.fps,
         "options": cam.options,
         "ring": shared.rings[name].name,
-        "world": _world_name(shared),
+        "shm_prefix": shared.prefix,
     }
     return python_module("robotd.camera_proc", json.dumps(spec))
 

@@ -304,31 +304,20 @@ def config_from_dict(
 
 
 def _check_driver_options(cfg: Config, where: str) -> None:
-    from drivers.registry import camera_class, joint_driver_class
+    """Each driver's options validated by the driver's own Options model, at load."""
+    from drivers.base import DriverConfigError, driver_class, validate_options
 
-    try:
-        cls = joint_driver_class(cfg.joints.driver)
-    except LookupError as exc:
-        raise ConfigError(f"{where}: joints.driver: {exc}") from None
-    _validate_options(cls, cfg.joints.options, where, "joints.options")
-    for name, cam in cfg.cameras.items():
+    checks = [("joints", cfg.joints.driver, cfg.joints.options, "joints")]
+    checks += [("cameras", c.driver, c.options, f"cameras.{n}") for n, c in cfg.cameras.items()]
+    for kind, driver, options, key in checks:
         try:
-            ccls = camera_class(cam.driver)
-        except LookupError as exc:
-            raise ConfigError(f"{where}: cameras.{name}.driver: {exc}") from None
-        _validate_options(ccls, cam.options, where, f"cameras.{name}.options")
-
-
-def _validate_options(cls: type, options: dict[str, Any], where: str, prefix: str) -> None:
-    model = getattr(cls, "Options", None)
-    if model is None:
-        if options:
-            raise ConfigError(f"{where}: {prefix}: driver {cls.__name__} takes no options")
-        return
-    try:
-        model.model_validate(options)
-    except ValidationError as exc:
-        raise ConfigError(format_validation_error(exc, where, prefix)) from None
+            cls = driver_class(kind, driver)
+        except DriverConfigError as exc:
+            raise ConfigError(f"{where}: {key}.driver: {exc}") from None
+        try:
+            validate_options(cls, options)
+        except ValidationError as exc:
+            raise ConfigError(format_validation_error(exc, where, f"{key}.options")) from None
 
 
 def runtime_dir(cfg: Config) -> Path:

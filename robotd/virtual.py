@@ -33,6 +33,7 @@ from typing import Any
 
 import numpy as np
 
+from drivers.base import DriverContext
 from drivers.sim import render as sim_render
 from drivers.sim.arm import SimArm
 from drivers.sim.world import SimWorld
@@ -293,7 +294,7 @@ def run_virtual(
     clock = VirtualClock(T0_NS)
     world = SimWorld.local(len(cfg.joints.names), T0_NS)
     options = SimArm.Options.model_validate({**cfg.joints.options, "seed": seed})
-    arm = SimArm(cfg.joints.names, options, clock=clock, world=world)
+    arm = SimArm(cfg.joints.names, options, DriverContext(clock=clock), world=world)
     arm.open()
     arm.torque(True)  # as the control process: hold where the joints are from the start
     cameras = _Cameras(cfg, world)

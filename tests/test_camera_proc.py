@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 
 from drivers.sim import geometry as g
-from drivers.sim.world import SimWorld
+from drivers.sim.world import WORLD_SUFFIX, SimWorld, world_name
 from robotd.shm import SHM_DIR, FrameRing, unlink_prefix
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -35,7 +35,7 @@ def prefix() -> Iterator[str]:
 @pytest.fixture
 def shm(prefix: str) -> Iterator[tuple[FrameRing, SimWorld]]:
     ring = FrameRing.create(prefix + "top", (H, W, 3), 8)
-    world = SimWorld.create(prefix + "world", 3, time.monotonic_ns())
+    world = SimWorld.create(world_name(prefix), 3, time.monotonic_ns())  # as the sim arm does
     world.publish(np.array([0.3, 0.9, 0.0]), time.monotonic_ns())
     yield ring, world
     ring.close()
@@ -51,7 +51,7 @@ def spec(ring: FrameRing, world: SimWorld, /, **changes: object) -> str:
         "fps": 50,
         "options": {"view": "top"},
         "ring": ring.name,
-        "world": world.name,
+        "shm_prefix": world.name.removesuffix(WORLD_SUFFIX),
     }
     return json.dumps({**base, **changes})
 
@@ -107,7 +107,8 @@ def test_camera_process_captures_and_stops_on_signal(
         proc.wait()
     assert proc.stderr.read() == ""
     # The child never unlinks; the parent does, and then nothing is left.
-    assert sorted(p.name for p in SHM_DIR.glob(prefix + "*")) == [prefix + "top", prefix + "world"]
+    left = sorted(p.name for p in SHM_DIR.glob(prefix + "*"))
+    assert left == [prefix + "sim-world", prefix + "top"]
     ring.unlink()
     world.unlink()
     assert list(SHM_DIR.glob(prefix + "*")) == []
@@ -165,11 +166,11 @@ def test_bad_start_exits_2_with_one_line(shm: tuple[FrameRing, SimWorld]) -> Non
     del without_ring["ring"]
     cases = [
         ('{"name": "top", "driver": ', "camera_proc: camera <unknown>: bad json spec"),
-        (json.dumps(without_ring), "camera 'top': bad json spec: ring: Field required"),
-        (spec(ring, world, driver="nosuch"), "camera 'top': unknown camera driver 'nosuch'"),
+        (json.dumps(without_ring), "camera 'top': bad json spec: ring: required key is missing"),
+        (spec(ring, world, driver="nosuch"), "camera 'top': unknown driver 'nosuch'"),
         (
             spec(ring, world, options={"view": "side"}),
-            "camera 'top': bad options for driver 'sim': view: Input should be",
+            "camera 'top': driver 'sim': cameras.top.options.view: must be one of",
         ),
         (
             spec(ring, world, ring="robotd-test-absent"),

@@ -55,11 +55,11 @@ def test_reader_in_another_attachment_sees_frames(prefix: str) -> None:
     writer = FrameRing.create(prefix + "cam", SHAPE, 3)
     reader = FrameRing.attach(prefix + "cam")
     assert (reader.shape, reader.slots) == (SHAPE, 3)
-    index, view = writer.begin()
+    view = writer.begin()
     view[:] = 7
     assert reader.latest() is None  # begun, not committed
-    assert reader.read(index) is None
-    assert writer.commit(55) == index == 0
+    assert reader.read(0) is None
+    assert writer.commit(55) == 0
     assert reader.latest() == (0, 55)
     got = reader.read(0)
     assert got is not None and np.all(got[0] == 7)
@@ -115,9 +115,9 @@ _WRITER = textwrap.dedent(
     end = time.monotonic() + float(sys.argv[2])
     i = 0
     while time.monotonic() < end:
-        index, view = ring.begin()
-        view[:] = index % 251
-        ring.commit(index * 10)
+        view = ring.begin()
+        view[:] = i % 251
+        ring.commit(i * 10)
         i += 1
     ring.close()
     """
@@ -159,7 +159,7 @@ def test_abort_and_a_writer_that_died_mid_frame(prefix: str) -> None:
     ring = FrameRing.create(prefix + "cam", SHAPE, 2)
     ring.write(frame_for(0), 0)
     ring.write(frame_for(1), 1)
-    _, view = ring.begin()  # frame 2 goes into frame 0's slot
+    view = ring.begin()  # frame 2 goes into frame 0's slot
     view[:] = 99
     ring.abort()
     assert ring.latest() == (1, 1)
@@ -193,7 +193,7 @@ def test_write_checks_frames(prefix: str) -> None:
 
 def test_close_keeps_outstanding_views_valid(prefix: str) -> None:
     ring = FrameRing.create(prefix + "cam", SHAPE, 2)
-    _, view = ring.begin()
+    view = ring.begin()
     ring.close()
     view[:] = 5  # must not crash: the mapping lives as long as the view
     assert int(view.sum()) == 5 * view.size

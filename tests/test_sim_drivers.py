@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from drivers.base import DriverFault
+from drivers.base import CameraSpec, DriverContext, DriverFault
 from drivers.sim import geometry as g
 from drivers.sim.arm import EFFORT_GAIN, WRITE_ADVANCE_NS, SimArm
 from drivers.sim.camera import MAX_FAILURES, SimCamera
@@ -38,9 +38,10 @@ class FakeClock:
     def advance(self, ns: int) -> None:
         self.now += ns
 
-    def sleep_until(self, deadline: int) -> None:
+    def sleep_until(self, deadline: int) -> bool:
         self.sleeps.append(deadline)
         self.now = max(self.now, deadline)
+        return True
 
 
 @pytest.fixture
@@ -52,7 +53,7 @@ def prefix() -> Iterator[str]:
 
 def make_arm(clock: FakeClock, **options: object) -> SimArm:
     opts = SimArm.Options(noise=0.0, initial=[0.0, 0.0, 0.0], **options)  # type: ignore[arg-type]
-    arm = SimArm(NAMES, opts, clock=clock)
+    arm = SimArm(NAMES, opts, DriverContext(clock=clock))
     arm.open()
     return arm
 
@@ -180,7 +181,7 @@ def test_arm_bad_writes_and_closed_use() -> None:
 def test_arm_noise_is_seeded() -> None:
     def positions(seed: int) -> np.ndarray:
         clock = FakeClock()
-        arm = SimArm(NAMES, SimArm.Options(seed=seed, noise=0.01), clock=clock)
+        arm = SimArm(NAMES, SimArm.Options(seed=seed, noise=0.01), DriverContext(clock=clock))
         arm.open()
         return np.array([run(arm, clock, 10) for _ in range(20)])
 
@@ -194,7 +195,7 @@ def test_arm_ground_truth_and_world() -> None:
     clock = FakeClock()
     world = SimWorld.local(3, clock.now - 2_500 * MS)  # the world started 2.5 s ago
     options = SimArm.Options(noise=0.0, initial=[0.0, 0.0, 0.0])
-    arm = SimArm(NAMES, options, clock=clock, world=world)
+    arm = SimArm(NAMES, options, DriverContext(clock=clock), world=world)
     arm.open()
     truth = arm.ground_truth()
     target = g.target_at(2.5)
@@ -214,7 +215,10 @@ def test_arm_ground_truth_reports_the_last_advance_without_advancing() -> None:
     clock = FakeClock()
     world = SimWorld.local(3, clock.now)
     arm = SimArm(
-        NAMES, SimArm.Options(noise=0.0, initial=[0.0, 0.0, 0.0]), clock=clock, world=world
+        NAMES,
+        SimArm.Options(noise=0.0, initial=[0.0, 0.0, 0.0]),
+        DriverContext(clock=clock),
+        world=world,
     )
     arm.open()
     arm.torque(True)
@@ -241,7 +245,10 @@ def test_arm_write_right_after_a_read_does_not_advance() -> None:
     clock = FakeClock()
     world = SimWorld.local(3, clock.now)
     arm = SimArm(
-        NAMES, SimArm.Options(noise=0.0, initial=[0.0, 0.0, 0.0]), clock=clock, world=world
+        NAMES,
+        SimArm.Options(noise=0.0, initial=[0.0, 0.0, 0.0]),
+        DriverContext(clock=clock),
+        world=world,
     )
     arm.open()
     arm.torque(True)
@@ -274,7 +281,7 @@ def test_arm_old_target_governs_motion_up_to_a_late_write() -> None:
 
 def test_arm_default_pose_starts_on_the_dot() -> None:
     clock = FakeClock()
-    arm = SimArm(NAMES, SimArm.Options(noise=0.0), clock=clock)
+    arm = SimArm(NAMES, SimArm.Options(noise=0.0), DriverContext(clock=clock))
     arm.open()
     assert arm.ground_truth()["tracking_error"] == pytest.approx(0.0, abs=1e-9)
     assert arm.read().position[2] == 0.0
@@ -334,14 +341,10 @@ def test_render_rejects_bad_input() -> None:
 
 def make_camera(clock: FakeClock, world: SimWorld, fps: float = 10.0) -> SimCamera:
     cam = SimCamera(
-        "top",
-        80,
-        60,
-        fps,
+        CameraSpec("top", 80, 60, fps),
         SimCamera.Options(),
+        DriverContext(clock=clock, sleep_until=clock.sleep_until),
         world=world,
-        clock=clock,
-        sleep_until=clock.sleep_until,
     )
     cam.open()
     return cam
@@ -402,10 +405,10 @@ def test_camera_faults_after_a_run_of_bad_frames(prefix: str) -> None:
 
 def test_camera_option_errors() -> None:
     world = SimWorld.local(2, 0)
-    with pytest.raises(ValueError, match="custom clock needs its sleep_until"):
-        SimCamera("top", 80, 60, 10, SimCamera.Options(), world=world, clock=lambda: 0)
+    with pytest.raises(ValueError, match="needs a world or a shm_prefix"):
+        SimCamera(CameraSpec("top", 80, 60, 10), SimCamera.Options())
     with pytest.raises(ValueError, match="fps"):
-        SimCamera("top", 80, 60, 0, SimCamera.Options(), world=world)
+        SimCamera(CameraSpec("top", 80, 60, 0), SimCamera.Options(), world=world)
     with pytest.raises(ValueError):
         SimCamera.Options(view="side")  # type: ignore[arg-type]
 

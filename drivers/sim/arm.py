@@ -19,15 +19,14 @@ When the state advances (and is published to the world, for the sim cameras):
 from __future__ import annotations
 
 import math
-import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 
 import numpy as np
 import pydantic
 
-from drivers.base import DriverFault, JointDriver, JointState
+from drivers.base import DriverContext, DriverFault, DriverOptions, JointDriver, JointState
 from drivers.sim import geometry as g
-from drivers.sim.world import SimWorld
+from drivers.sim.world import SimWorld, world_name
 
 ARM_LOWER, ARM_UPPER = -2.8, 2.8
 GRIPPER_LOWER, GRIPPER_UPPER = 0.0, 1.0
@@ -44,7 +43,7 @@ class SimArm(JointDriver):
     publish the true positions to the world (for the sim cameras). One thread.
     """
 
-    class Options(pydantic.BaseModel, extra="forbid"):
+    class Options(DriverOptions):
         tau_s: float = pydantic.Field(0.05, gt=0)  # first-order response time constant
         velocity_limit: float = pydantic.Field(4.0, gt=0)  # rad/s per joint
         noise: float = pydantic.Field(0.0005, ge=0)  # std of position read noise
@@ -57,10 +56,14 @@ class SimArm(JointDriver):
         self,
         names: Sequence[str],
         options: SimArm.Options,
+        context: DriverContext | None = None,
         *,
-        clock: Callable[[], int] = time.monotonic_ns,
         world: SimWorld | None = None,
     ) -> None:
+        """`world`: a world of the sim package's own making (the virtual rig); by default
+        the arm creates the run's shared world under context.shm_prefix at open(), or a
+        world in process memory when there is no prefix."""
+        context = context or DriverContext()
         names = tuple(names)
         if len(names) < 2 or not all(isinstance(n, str) and n for n in names):
             raise ValueError(f"SimArm: names needs >= 2 non-empty joint names, got {names!r}")
@@ -70,8 +73,10 @@ class SimArm(JointDriver):
             raise ValueError(f"SimArm: world has {world.n_joints} joints, names has {len(names)}")
         self.names = names
         self.options = options
-        self._clock = clock
+        self._clock = context.clock
+        self._prefix = context.shm_prefix
         self._world = world
+        self._own_world = False
         n = len(names)
         lower = [ARM_LOWER] * 2 + [GRIPPER_LOWER] * (n - 2)
         upper = [ARM_UPPER] * 2 + [GRIPPER_UPPER] * (n - 2)
@@ -108,7 +113,12 @@ class SimArm(JointDriver):
         """Start the simulation (torque off); the first open fixes t0 if there is no world."""
         now = self._clock()
         if self._world is None:
-            self._world = SimWorld.local(len(self.names), now)
+            n = len(self.names)
+            if self._prefix is None:
+                self._world = SimWorld.local(n, now)
+            else:  # the sim cameras (processes of their own) attach to it by name
+                self._world = SimWorld.create(world_name(self._prefix), n, now)
+            self._own_world = True
         self._t_last = now
         self._open = True
         self._world.publish(self._q, now)
@@ -156,9 +166,15 @@ class SimArm(JointDriver):
         self._torque = bool(on)
 
     def close(self) -> None:
-        """Stop the simulation; idempotent. The world (if given) belongs to the caller."""
+        """Stop the simulation; idempotent. A world the arm made is closed and unlinked;
+        one it was given belongs to the caller."""
         self._open = False
         self._torque = False
+        if self._own_world and self._world is not None:
+            self._world.close()
+            self._world.unlink()
+            self._world = None
+            self._own_world = False
 
     def sync(self) -> None:
         """Integrate to clock() and publish the pose to the world, as read() does, without

@@ -8,27 +8,18 @@ ones missed in between, so a stall never turns into a burst of frames.
 from __future__ import annotations
 
 import math
-import time
-from collections.abc import Callable
 from typing import Literal
 
 import cv2
 import numpy as np
-import pydantic
 
-from drivers.base import Camera, DriverFault
+from drivers.base import Camera, CameraSpec, DriverContext, DriverFault, DriverOptions, FrameSink
 from drivers.sim.render import render
-from drivers.sim.world import SimWorld
-from robotd.shm import FrameRing, ShmError
+from drivers.sim.world import SimWorld, world_name
+from robotd.shm import ShmError
 
 MAX_FAILURES = 10  # bad frames in a row before the camera is declared faulted
-
-
-def sleep_until_monotonic(deadline_ns: int) -> None:
-    """Sleep until time.monotonic_ns() reaches deadline_ns (no-op if already past)."""
-    delay = (deadline_ns - time.monotonic_ns()) / 1e9
-    if delay > 0:
-        time.sleep(delay)
+WORLD_WAIT_S = 10.0  # how long open() waits for the arm to create the shared world
 
 
 class SimCamera(Camera):
@@ -39,21 +30,21 @@ class SimCamera(Camera):
     form one time base: a custom clock needs its own sleep_until.
     """
 
-    class Options(pydantic.BaseModel, extra="forbid"):
+    class Options(DriverOptions):
         view: Literal["top", "wrist"] = "top"
 
     def __init__(
         self,
-        name: str,
-        width: int,
-        height: int,
-        fps: float,
+        spec: CameraSpec,
         options: SimCamera.Options,
+        context: DriverContext | None = None,
         *,
-        world: SimWorld,
-        clock: Callable[[], int] = time.monotonic_ns,
-        sleep_until: Callable[[int], None] | None = None,
+        world: SimWorld | None = None,
     ) -> None:
+        """`world`: a world of the sim package's own making (the virtual rig); by default
+        open() attaches to the run's shared world under context.shm_prefix."""
+        context = context or DriverContext()
+        name, width, height, fps = spec.name, spec.width, spec.height, spec.fps
         if not isinstance(name, str) or not name:
             raise ValueError(f"SimCamera: name must be a non-empty string, got {name!r}")
         for what, value in (("width", width), ("height", height)):
@@ -61,19 +52,19 @@ class SimCamera(Camera):
                 raise ValueError(f"SimCamera {name!r}: {what} must be an int in 1..8192")
         if not (isinstance(fps, int | float) and math.isfinite(fps) and 0 < fps <= 1000):
             raise ValueError(f"SimCamera {name!r}: fps must be in (0, 1000], got {fps!r}")
-        if world.n_joints < 2:
+        if world is None and context.shm_prefix is None:
+            raise ValueError(f"SimCamera {name!r}: needs a world or a shm_prefix to find one")
+        if world is not None and world.n_joints < 2:
             raise ValueError(f"SimCamera {name!r}: the world needs >= 2 arm joints")
-        if sleep_until is None:
-            if clock is not time.monotonic_ns:
-                raise ValueError(f"SimCamera {name!r}: a custom clock needs its sleep_until")
-            sleep_until = sleep_until_monotonic
+        self.spec = spec
         self.name = name
-        self.shape = (height, width, 3)
         self.fps = float(fps)
         self.options = options
+        self._context = context
         self._world = world
-        self._clock = clock
-        self._sleep_until = sleep_until
+        self._own_world = False
+        self._clock = context.clock
+        self._sleep_until = context.sleep_until
         self._t_open: int | None = None
         self._k = 0  # the next deadline's number
         self._run = 0  # bad frames in a row
@@ -82,12 +73,27 @@ class SimCamera(Camera):
         self.failures = 0
 
     def open(self) -> None:
-        """Start the frame clock: the first deadline is now."""
+        """Attach to the shared world (waiting for the arm to make it), then start the
+        frame clock: the first deadline is now."""
+        if self._world is None:
+            assert self._context.shm_prefix is not None
+            try:
+                self._world = SimWorld.wait_attach(
+                    world_name(self._context.shm_prefix),
+                    self._sleep_until,
+                    self._clock,
+                    WORLD_WAIT_S,
+                )
+            except ShmError as exc:
+                raise DriverFault(f"sim camera {self.name!r}: {exc}", joint=self.name) from None
+            self._own_world = True
+            if self._world.n_joints < 2:
+                raise DriverFault(f"sim camera {self.name!r}: the world has < 2 arm joints")
         self._t_open = self._clock()
         self._k = 0
         self._run = 0
 
-    def capture(self, ring: FrameRing) -> int:
+    def capture(self, ring: FrameSink) -> int:
         """Wait for the next deadline, render into the ring's next slot, commit; the index.
 
         A bad frame (world unreadable, ring trouble) is counted and the next deadline
@@ -95,10 +101,9 @@ class SimCamera(Camera):
         """
         if self._t_open is None:
             raise DriverFault(f"sim camera {self.name!r} is not open", joint=self.name)
-        if ring.shape != self.shape:
+        if tuple(ring.shape) != self.shape:
             raise ValueError(
-                f"sim camera {self.name!r}: ring {ring.name!r} holds {ring.shape}, "
-                f"camera makes {self.shape}"
+                f"sim camera {self.name!r}: the sink holds {ring.shape}, camera makes {self.shape}"
             )
         while True:
             now = self._wait_next()
@@ -119,13 +124,19 @@ class SimCamera(Camera):
 
     def render_now(self, t_ns: int) -> np.ndarray:
         """The frame this camera would capture at t_ns (for in-process, virtual-clock use)."""
+        assert self._world is not None
         q, _ = self._world.snapshot()
         h, w, _ = self.shape
         return render(self.options.view, w, h, q, (t_ns - self._world.t0_ns) / 1e9)
 
     def close(self) -> None:
-        """Stop; idempotent. The world and the ring belong to the caller."""
+        """Stop; idempotent. The sink belongs to the caller; a world attached by open() is
+        detached (the arm owns it)."""
         self._t_open = None
+        if self._own_world and self._world is not None:
+            self._world.close()
+            self._world = None
+            self._own_world = False
 
     # ---- internals ----------------------------------------------------------------
 
@@ -158,9 +169,10 @@ class SimCamera(Camera):
             k -= 1
         return k
 
-    def _render_into(self, ring: FrameRing, now: int) -> int:
+    def _render_into(self, ring: FrameSink, now: int) -> int:
+        assert self._world is not None
         q, _ = self._world.snapshot()
-        _, slot = ring.begin()
+        slot = ring.begin()
         try:
             h, w, _ = self.shape
             render(self.options.view, w, h, q, (now - self._world.t0_ns) / 1e9, out=slot)

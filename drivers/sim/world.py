@@ -13,6 +13,7 @@ bytes, then n_joints float64 positions.
 from __future__ import annotations
 
 import mmap
+from collections.abc import Callable
 
 import numpy as np
 
@@ -39,6 +40,14 @@ _HEADER_DTYPE = np.dtype(
         ("time", "=i8"),
     ]
 )
+
+
+WORLD_SUFFIX = "sim-world"
+
+
+def world_name(shm_prefix: str) -> str:
+    """The shared world's segment name in a run's shared-memory namespace."""
+    return shm_prefix + WORLD_SUFFIX
 
 
 def _size(n_joints: int) -> int:
@@ -96,7 +105,7 @@ class SimWorld:
     @classmethod
     def attach(cls, name: str) -> SimWorld:
         """Attach to an existing world; ShmError if absent, not a world, or corrupt."""
-        mm = attach_segment(name)
+        mm, _ = attach_segment(name)
         try:
             if len(mm) < _HEADER:
                 raise ShmError(f"shared memory {name!r} is too small for a sim world")
@@ -112,6 +121,26 @@ class SimWorld:
             release_mmap(mm)
             raise
         return cls(name, mm, n)
+
+    @classmethod
+    def wait_attach(
+        cls,
+        name: str,
+        sleep_until: Callable[[int], bool],
+        clock: Callable[[], int],
+        timeout_s: float,
+    ) -> SimWorld:
+        """Attach once the arm (in the control process) has created the world; ShmError
+        after `timeout_s`, or at once if `sleep_until` reports a stop."""
+        deadline = clock() + int(timeout_s * 1e9)
+        while True:
+            try:
+                return cls.attach(name)
+            except ShmError:
+                if clock() >= deadline:
+                    raise
+            if not sleep_until(min(deadline, clock() + 20_000_000)):
+                raise ShmError(f"stopped while waiting for sim world {name!r}")
 
     @property
     def t0_ns(self) -> int:

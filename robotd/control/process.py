@@ -18,14 +18,12 @@ import os
 import sys
 import threading
 import time
-from dataclasses import asdict
 from typing import Any
 
 import numpy as np
 import zmq
 
-from drivers.base import DriverFault, JointDriver
-from drivers.registry import joint_driver_class
+from drivers.base import DriverContext, DriverFault, JointDriver, build_joints
 from robotd import wire
 from robotd.config import Config
 from robotd.control.episode import CommandRefused
@@ -41,16 +39,10 @@ log = logging.getLogger("robotd.control")
 MAX_INBOUND_PER_TICK = 32
 
 
-def open_joint_driver(cfg: Config, world_name: str | None) -> JointDriver:
-    """Build the configured joint driver (the sim arm shares its world with the cameras)."""
-    cls = joint_driver_class(cfg.joints.driver)
-    options = cls.Options.model_validate(cfg.joints.options) if hasattr(cls, "Options") else None
-    kwargs: dict[str, Any] = {}
-    if cfg.joints.driver == "sim" and world_name:
-        from drivers.sim.world import SimWorld
-
-        kwargs["world"] = SimWorld.attach(world_name)
-    driver = cls(cfg.joints.names, options, **kwargs)
+def open_joint_driver(cfg: Config, shm_prefix: str | None) -> JointDriver:
+    """Build the configured joint driver through the factory and open it."""
+    context = DriverContext(shm_prefix=shm_prefix)
+    driver = build_joints(cfg.joints.driver, cfg.joints.names, cfg.joints.options, context)
     driver.open()
     return driver
 
@@ -73,8 +65,11 @@ class ControlLane:
             os.chmod(spec["down"].removeprefix("ipc://"), 0o660)
         self.dropped = 0
         self.kernel = Kernel(self.cfg, run_id=spec["run_id"], emit=self._send)
-        self.driver = open_joint_driver(self.cfg, spec.get("world"))
-        self.rings = {name: FrameRing.attach(ring) for name, ring in spec.get("rings", {}).items()}
+        self.driver = open_joint_driver(self.cfg, spec.get("shm_prefix"))
+        self.rings = {
+            name: FrameRing.attach(ring, pixels=False)
+            for name, ring in spec.get("rings", {}).items()
+        }
         self.has_truth = bool(self.driver.ground_truth())
         self.hist = LatencyHistogram()  # lateness at the deadline (after the spin tail)
         self.wake_hist = LatencyHistogram()  # lateness of the sleep's wake-up (before the spin)
@@ -164,7 +159,7 @@ class ControlLane:
                 "lateness": self.hist.to_wire(),
                 "wake_lateness": self.wake_hist.to_wire(),
                 "state": self.kernel.status(),
-                "driver": asdict(self.driver.stats()),
+                "driver": self.driver.stats().to_wire(),
             }
         )
 

@@ -1,0 +1,26 @@
+"""Shared memory between robotd's processes: segments (segment.py) and the frame ring."""
+
+from robotd.shm.ring import FrameRing, ring_slots
+from robotd.shm.segment import (
+    SHM_DIR,
+    ShmError,
+    attach_segment,
+    create_segment,
+    release_mmap,
+    round_up,
+    unlink_prefix,
+    unlink_segment,
+)
+
+__all__ = [
+    "SHM_DIR",
+    "FrameRing",
+    "ShmError",
+    "attach_segment",
+    "create_segment",
+    "release_mmap",
+    "ring_slots",
+    "round_up",
+    "unlink_prefix",
+    "unlink_segment",
+]
