@@ -82,7 +82,7 @@ def _config(mode: str, args: argparse.Namespace) -> Any:
 def run_one(mode: str, latency_ms: int, args: argparse.Namespace) -> dict[str, Any]:
     """One virtual run; the result row of the JSON line."""
     from robotd.demo import DotFollower
-    from robotd.virtual import run_virtual
+    from robotd.virtual.runner import run_virtual
 
     result = run_virtual(
         _config(mode, args),

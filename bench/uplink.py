@@ -41,8 +41,11 @@ import numpy as np
 
 from bench._common import BenchError, child_env, emit_json, print_table, ratio, run_main
 from robotd.contract import Actions, Camera, Observations, Stream
+from robotd.lane.messages import ActFailed, Ask, Merged, Step
+from robotd.link.act import ActLink
+from robotd.link.chunks import ChunkLimits
 from robotd.link.client import PolicyClient
-from robotd.link.session import ActLink, FrameSource, LinkCounters, StepRing
+from robotd.link.steps import LinkCounters, RingFrames, StepReader, StepRing
 from robotd.link.uplink import Uplink
 from robotd.link.windows import WindowPlanner
 from robotd.shm import FrameRing
@@ -176,24 +179,18 @@ class Robot:
         cv2.circle(img, (cx, cy), 18, (220, 30, 30), -1)
         return img
 
-    def step(self, wep: str, s: int) -> dict[str, Any]:
+    def step(self, wep: str, s: int) -> Step:
         now = time.monotonic_ns()
-        cams = {
-            c: [ring.write(self._frame(s, i), now), now]
+        cams: dict[str, tuple[int, int] | None] = {
+            c: (ring.write(self._frame(s, i), now), now)
             for i, (c, ring) in enumerate(self.rings.items())
         }
-        rec = {
-            "k": "step",
-            "wep": wep,
-            "s": s,
-            "t": now,
-            "pos": [0.1 * s, 0.2, 0.3],
-            "vel": [0.0, 0.0, 0.0],
-            "cams": cams,
-            "ok": True,
-        }
+        rec = Step(1, wep, s, now, [0.1 * s, 0.2, 0.3], [0.0, 0.0, 0.0], cams, True)
         self.steps.add(rec)
         return rec
+
+    def reader(self) -> StepReader:
+        return StepReader(self.steps, RingFrames(self.rings))
 
     def close(self) -> None:
         for ring in self.rings.values():
@@ -227,7 +224,7 @@ class Run:
 
     async def _act(self, step: int, started: float) -> None:
         sent = self.client.bytes_sent
-        ask = {"k": "ask", "id": step, "wep": self.wep, "s": step, "queue": 0}
+        ask = Ask(step, self.wep, step, 1, 0)
         if self.mode == "stream":
             act = self.link.begin(ask)
             assert act is not None
@@ -248,9 +245,9 @@ class Run:
         self.act_bytes.append(self.client.bytes_sent - sent)
         self.arrived = (step, time.perf_counter())
 
-    def send_down(self, msg: dict[str, Any]) -> None:
-        if msg["k"] != "chunk":
-            raise BenchError(f"act failed: {msg.get('reason')}")
+    def send_down(self, msg: Any) -> None:
+        if isinstance(msg, ActFailed):
+            raise BenchError(f"act failed: {msg.reason}")
 
     async def drive(self, seconds: float) -> None:
         n = int(seconds * HZ)
@@ -266,15 +263,7 @@ class Run:
                     asked, _ = self.arrived
                     self.arrived, self.in_flight = None, None
                     if self.mode == "stream":
-                        self.uplink.on_chunk(
-                            {
-                                "wep": self.wep,
-                                "from": asked,
-                                "at": s,
-                                "rows": EVERY,
-                                "dropped": s - asked,
-                            }
-                        )
+                        self.uplink.on_chunk(Merged(0, self.wep, asked, s, EVERY, s - asked, False))
                 if self.in_flight is None and s >= next_ask:
                     self.in_flight, next_ask = s, s + EVERY
                     tg.start_soon(self._act, s, time.perf_counter())
@@ -310,8 +299,7 @@ async def _measure(
         uplink = Uplink(
             endpoints[1],
             planner,
-            robot.steps,
-            robot.rings,
+            robot.reader(),
             cams,
             counters,
             timing="realtime",
@@ -321,12 +309,11 @@ async def _measure(
         link = ActLink(
             client,
             planner,
-            robot.steps,
-            FrameSource(robot.rings),
+            robot.reader(),
             lambda m: None,
             control_hz=HZ,
             actions=hello.actions,
-            camera_names=set(CAMERAS),
+            limits=ChunkLimits(),
             uplink=uplink,
             counters=counters,
         )

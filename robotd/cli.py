@@ -77,8 +77,8 @@ def _policy_kwargs(args: argparse.Namespace) -> dict:
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     if args.command == "serve":
-        from robotd.daemon import setup_logging
-        from robotd.procutil import die_with_parent
+        from robotd.runtime.daemon import setup_logging
+        from robotd.runtime.procutil import die_with_parent
         from robotd.worker.server import serve
         from robotd.worker.store import MB, StoreLimits
 
@@ -118,11 +118,12 @@ def main(argv: list[str] | None = None) -> int:
     if cfg.control.clock == "virtual":
         print(
             "robotd: control.clock: 'virtual' runs in one process without wall time "
-            "(robotd.virtual.run_virtual, bench/merge.py); the daemon runs on the wall clock",
+            "(robotd.virtual.runner.run_virtual, bench/merge.py); the daemon runs on the "
+            "wall clock",
             file=sys.stderr,
         )
         return 2
-    from robotd import daemon
+    from robotd.runtime import daemon
 
     daemon.setup_logging(args.verbose)
     opts = daemon.Options(

@@ -135,6 +135,8 @@ class PolicyConfig(_Model):
     args: dict[str, Any] = {}
     timeout_s: float = Field(10.0, gt=0)
     stream_wait_s: float = Field(10.0, gt=0)
+    # a chunk's rows, as answered and at the control rate; more is refused whole
+    max_chunk_rows: int = Field(1024, ge=1, le=4096)
     # uploads one episode may hold on the worker (SPEC §4), lowered to the worker's own
     max_episode_frames: int = Field(1024, ge=1)
     max_episode_bytes: int = Field(64 << 20, ge=1)

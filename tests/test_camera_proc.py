@@ -58,7 +58,7 @@ def spec(ring: FrameRing, world: SimWorld, /, **changes: object) -> str:
 
 def spawn(arg: str) -> subprocess.Popen[str]:
     return subprocess.Popen(
-        [sys.executable, "-m", "robotd.camera_proc", arg],
+        [sys.executable, "-m", "robotd.runtime.camera_proc", arg],
         cwd=ROOT,
         env=ENV,
         stderr=subprocess.PIPE,
@@ -117,7 +117,7 @@ def test_camera_process_captures_and_stops_on_signal(
 _MIDDLE = textwrap.dedent(
     """
     import subprocess, sys, time
-    child = subprocess.Popen([sys.executable, "-m", "robotd.camera_proc", sys.argv[1]])
+    child = subprocess.Popen([sys.executable, "-m", "robotd.runtime.camera_proc", sys.argv[1]])
     print(child.pid, flush=True)
     time.sleep(60)
     """

@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import time
+
 import numpy as np
 import pytest
 import zmq
 
-from robotd import wire
 from robotd.config import load_config
-from robotd.control.process import ControlLane
+from robotd.control.process import ControlLane, ControlSpec
+from tests.lane_util import recv_all
 
 
 @pytest.fixture
@@ -17,14 +19,13 @@ def lane(tmp_path):
     ctx = zmq.Context.instance()
     up = ctx.socket(zmq.PULL)
     up.bind(f"ipc://{tmp_path}/up.sock")
-    spec = {
-        "config": cfg.model_dump(mode="json"),
-        "run_id": "t",
-        "up": f"ipc://{tmp_path}/up.sock",
-        "down": f"ipc://{tmp_path}/lane.sock",
-        "world": None,
-        "rings": {},
-    }
+    spec = ControlSpec(
+        config=cfg.model_dump(mode="json"),
+        run_id="t",
+        up=f"ipc://{tmp_path}/up.sock",
+        down=f"ipc://{tmp_path}/down.sock",
+        estop=f"ipc://{tmp_path}/lane.sock",
+    )
     lane = ControlLane(spec)
     yield lane, up
     lane.close()
@@ -32,23 +33,24 @@ def lane(tmp_path):
 
 
 def events(up) -> list[dict]:
-    out = []
-    while up.poll(200):
-        msg = wire.unpackb(up.recv())
-        if msg.get("k") == "event":
-            out.append(msg)
-    return out
+    return [m for m in recv_all(up) if m["k"] == "event"]
+
+
+def tick(lane: ControlLane) -> None:
+    """One tick of the lane's I/O and what it emitted sent up (the loop's body, unclocked)."""
+    lane.io.run(time.monotonic_ns())
+    lane.flush()
 
 
 def test_any_driver_exception_is_a_failed_read_not_a_dead_loop(lane):
     lane, up = lane
-    lane._tick_io(0)
+    tick(lane)
     held = lane.kernel.shield.last.copy()
     writes = []
     lane.driver.read = lambda: (_ for _ in ()).throw(OSError(5, "Input/output error"))
     lane.driver.write = lambda target: writes.append(np.array(target))
     for _ in range(3):
-        lane._tick_io(0)
+        tick(lane)
     got = events(up)
     errors = [e for e in got if e["name"] == "driver_error"]
     assert errors and errors[0]["op"] == "read" and "OSError" in errors[0]["error"]
@@ -63,8 +65,8 @@ def test_a_write_that_raises_is_reported_and_the_next_tick_runs(lane):
         raise ValueError("plugin bug")
 
     lane.driver.write = bad_write
-    lane._tick_io(0)
-    lane._tick_io(0)
+    tick(lane)
+    tick(lane)
     errors = [e for e in events(up) if e["name"] == "driver_error"]
     assert errors[0]["op"] == "write" and "ValueError: plugin bug" in errors[0]["error"]
     assert lane.kernel.counters.ticks == 2
@@ -72,7 +74,7 @@ def test_a_write_that_raises_is_reported_and_the_next_tick_runs(lane):
 
 def test_a_kernel_exception_holds_the_last_target(lane):
     lane, up = lane
-    lane._tick_io(0)
+    tick(lane)
     held = lane.kernel.shield.last.copy()
     writes = []
     lane.driver.write = lambda target: writes.append(np.array(target))
@@ -81,6 +83,6 @@ def test_a_kernel_exception_holds_the_last_target(lane):
         raise RuntimeError("bug")
 
     lane.kernel.update = broken
-    lane._tick_io(0)
+    tick(lane)
     assert np.array_equal(writes[-1], held)
     assert any(e["name"] == "kernel_error" for e in events(up))

@@ -68,7 +68,7 @@ def test_sigkill_of_the_main_process_takes_the_children_with_it(tmp_path):
     wait_until(all_dead, 10, "children to die with their parent")
     leftovers = shm_of(d.proc.pid)
     assert leftovers, "a killed daemon cannot unlink: the next start must"
-    from robotd.children import clean_stale_shm
+    from robotd.runtime.children import clean_stale_shm
 
     clean_stale_shm()
     assert shm_of(d.proc.pid) == []

@@ -1,4 +1,4 @@
-"""Camera frame fitting and codecs (robotd.link.fit): shapes, placement, round trips, errors."""
+"""Camera frame fitting and codecs (robotd.frames): shapes, placement, round trips, errors."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import pytest
 
 from robotd import wire
 from robotd.contract import Camera
-from robotd.link.fit import (
+from robotd.frames import (
     Encoded,
     FrameError,
     decode,

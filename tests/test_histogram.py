@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-import msgpack
+import msgspec
 import numpy as np
 import pytest
 
-from robotd.control.histogram import LatencyHistogram
+from robotd.control.histogram import HistogramData, LatencyHistogram
 
 # half a bucket (1/64) at the sample, plus the gap between neighbouring order statistics
 REL_TOL = 0.03
@@ -80,7 +80,7 @@ def test_empty_histogram() -> None:
     assert h.count == 0
     assert h.summary() == {"p50": 0.0, "p99": 0.0, "p999": 0.0, "max": 0.0}
     assert h.percentile(99) == 0.0 and h.mean_us() == 0.0
-    back = LatencyHistogram.from_wire(h.to_wire())
+    back = LatencyHistogram.from_data(h.data())
     assert back.count == 0 and back.summary() == h.summary()
 
 
@@ -122,11 +122,15 @@ def test_reset() -> None:
     assert h.summary()["max"] == 2.0
 
 
-def test_wire_round_trip_through_msgpack() -> None:
+def _through_the_wire(data: HistogramData) -> HistogramData:
+    return msgspec.msgpack.decode(msgspec.msgpack.encode(data), type=HistogramData)
+
+
+def test_round_trip_through_the_lane_codec() -> None:
     rng = np.random.default_rng(5)
     h = _fill(rng.integers(1_000, 30_000_000, size=4_000))
-    packed = msgpack.packb(h.to_wire())
-    back = LatencyHistogram.from_wire(msgpack.unpackb(packed))
+    packed = msgspec.msgpack.encode(h.data())
+    back = LatencyHistogram.from_data(_through_the_wire(h.data()))
     assert back.counts == h.counts
     assert (back.count, back.min_ns, back.max_ns, back.total_ns) == (
         h.count,
@@ -136,33 +140,48 @@ def test_wire_round_trip_through_msgpack() -> None:
     )
     assert back.summary() == h.summary()
     assert len(packed) < 4_000  # sparse: only non-empty buckets travel
+    assert LatencyHistogram.from_data(None).count == 0
+
+
+def test_data_walks_only_touched_buckets_and_reset_clears_them() -> None:
+    h = LatencyHistogram()
+    for ns in (5_000, 5_000, 70_000, 3_000_000):
+        h.add(ns)
+    assert [c for _, c in h.data().buckets] == [2, 1, 1]
+    h.reset()
+    assert h.data().buckets == [] and sum(h.counts) == 0
+    h.add(70_000)
+    assert len(h.data().buckets) == 1
 
 
 @pytest.mark.parametrize(
     ("mutate", "message"),
     [
-        (lambda w: w.update(v=2), "v must be"),
-        (lambda w: w.update(count=-1), "count must be"),
-        (lambda w: w.update(max_ns="7"), "max_ns must be"),
-        (lambda w: w.update(buckets="x"), "buckets must be a list"),
-        (lambda w: w["buckets"].append([10_000, 1]), r"buckets\[\d+\]"),
-        (lambda w: w["buckets"].append([3, 0]), r"buckets\[\d+\]"),
-        (lambda w: w["buckets"].append([3]), r"buckets\[\d+\]"),
-        (lambda w: w.update(count=w["count"] + 1), "sum of bucket counts"),
-        (lambda w: w.update(min_ns=w["max_ns"] + 1), "min_ns"),
+        (lambda d: d.buckets.append((10_000, 1)), r"buckets\[\d+\]"),
+        (lambda d: d.buckets.append((3, 0)), r"buckets\[\d+\]"),
+        (lambda d: setattr(d, "count", d.count + 1), "sum of bucket counts"),
+        (lambda d: setattr(d, "min_ns", d.max_ns + 1), "min_ns"),
     ],
 )
-def test_from_wire_rejects_bad_data(mutate, message: str) -> None:
-    h = _fill(np.arange(1_000, 20_000, 100))
-    wire = h.to_wire()
-    mutate(wire)
+def test_from_data_rejects_bad_data(mutate, message: str) -> None:
+    data = _fill(np.arange(1_000, 20_000, 100)).data()
+    mutate(data)
     with pytest.raises(ValueError, match=message):
-        LatencyHistogram.from_wire(wire)
+        LatencyHistogram.from_data(data)
 
 
-def test_from_wire_rejects_non_dict() -> None:
-    with pytest.raises(ValueError, match="expected a dict"):
-        LatencyHistogram.from_wire([1, 2])
+@pytest.mark.parametrize(
+    "raw",
+    [
+        [[[1, 2]], 1, 0, "7", 0],  # max_ns not an int
+        ["x", 0, 0, 0, 0],  # buckets not a list
+        [[[3]], 1, 0, 0, 0],  # a bucket without its count
+        {"buckets": []},  # not the array form
+    ],
+)
+def test_the_codec_refuses_malformed_histograms(raw) -> None:
+    with pytest.raises(msgspec.ValidationError):
+        msgspec.msgpack.decode(msgspec.msgpack.encode(raw), type=HistogramData)
 
 
 def test_bucket_relative_width_is_small() -> None:

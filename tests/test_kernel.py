@@ -9,6 +9,7 @@ from drivers.base import JointState
 from robotd.config import load_config
 from robotd.control.episode import CommandRefused
 from robotd.control.kernel import Chunk, Kernel
+from tests.lane_util import plain
 
 DT_NS = 33_333_333
 
@@ -19,7 +20,7 @@ class Rig:
     def __init__(self, *overrides: str) -> None:
         self.cfg = load_config(None, list(overrides))
         self.out: list[dict] = []
-        self.k = Kernel(self.cfg, run_id="t", emit=self.out.append)
+        self.k = Kernel(self.cfg, run_id="t", emit=lambda m: self.out.append(plain(m)))
         self.t = 0
         self.pos = np.array([0.1, 0.2, 0.0])
 
@@ -107,24 +108,24 @@ def test_latched_start_needs_clear_fault_and_never_moves_straight_on():
     rig.tick()
     assert rig.k.machine.state == "FAULT"
     with pytest.raises(CommandRefused, match="start needs IDLE"):
-        rig.k.command("start", {})
-    rig.k.command("clear_fault", {})
+        rig.k.command("start")
+    rig.k.command("clear_fault")
     assert rig.k.machine.state == "IDLE"
-    rig.k.command("start", {})
+    rig.k.command("start")
     assert rig.k.machine.state == "RUNNING"
 
 
 def test_estop_category_1_holds_then_turns_torque_off_and_clear_reanchors():
     rig = started()
     rig.tick()
-    rig.k.command("estop", {"reason": "test"})
+    rig.k.command("estop", "test")
     assert rig.k.machine.state == "FAULT"
     assert rig.tick() is not None  # controlled stop: still holding
     for _ in range(20):
         rig.tick()
     assert not rig.k.torque_on and rig.tick() is None
     rig.pos = np.array([0.5, -0.3, 0.2])  # the arm sagged while torque was off
-    rig.k.command("clear_fault", {})
+    rig.k.command("clear_fault")
     target = rig.tick()
     assert np.allclose(target, rig.pos)  # holds where it is, no jump back
 
@@ -132,7 +133,7 @@ def test_estop_category_1_holds_then_turns_torque_off_and_clear_reanchors():
 def test_estop_category_0_is_torque_off_at_once():
     rig = started("safety.estop_category=0")
     rig.tick()
-    rig.k.command("estop", {})
+    rig.k.command("estop")
     assert rig.tick() is None
 
 
@@ -143,9 +144,9 @@ def test_driver_failures_latch_fault_and_recovery_allows_clear():
         rig.tick(joints=False)
     assert rig.k.machine.state == "FAULT" and rig.k.machine.fault.cause == "driver"
     with pytest.raises(CommandRefused, match="driver still present"):
-        rig.k.command("clear_fault", {})
+        rig.k.command("clear_fault")
     rig.tick()  # a good read: the cause is gone
-    rig.k.command("clear_fault", {})
+    rig.k.command("clear_fault")
     assert rig.k.machine.state == "IDLE"
 
 
@@ -167,7 +168,7 @@ def test_max_steps_ends_the_episode_and_reset_done_returns_to_idle():
         rig.tick()
     assert rig.k.machine.state == "ENDED"
     rig.tick()
-    rig.k.command("reset_done", {})
+    rig.k.command("reset_done")
     assert rig.k.machine.state == "IDLE"
 
 
@@ -226,7 +227,7 @@ def test_skipped_deadlines_are_steps_and_rows_keep_their_time():
     assert np.allclose(target, rows[4])  # step 4's row, not step 2's
     steps = [m for m in rig.out if m["k"] == "step"]
     assert [m["s"] for m in steps] == [0, 1, 2, 3, 4]
-    assert steps[2]["skipped"] and steps[3]["skipped"] and "skipped" not in steps[4]
+    assert steps[2]["skipped"] and steps[3]["skipped"] and not steps[4]["skipped"]
     assert steps[2]["pos"] == steps[1]["pos"]  # nothing was read: the last reading stands
 
 

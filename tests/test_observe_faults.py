@@ -20,14 +20,28 @@ import pytest
 
 from robotd.config import load_config
 from robotd.contract import Actions, Camera, Observations, Stream
+from robotd.link.act import ActLink
+from robotd.link.chunks import ChunkLimits
 from robotd.link.client import PROTOCOL, Handshake, PolicyClient
 from robotd.link.connect import make_uplink, warn_window_over_limit
-from robotd.link.session import TIMING_SAMPLE, ActLink, FrameSource, LinkCounters, StepRing
+from robotd.link.steps import TIMING_SAMPLE, LinkCounters, RingFrames, StepReader, StepRing
 from robotd.link.uplink import Uplink, UplinkLimits
 from robotd.link.windows import WindowPlanner
 from robotd.worker.server import serve
 from tests.fake_router import FakeRouter
-from tests.test_uplink import KEYS, FakeObserve, Robot, planner, robot, settle, sockdir
+from tests.lane_util import plain
+from tests.test_uplink import (
+    KEYS,
+    FakeObserve,
+    Robot,
+    ask,
+    merged,
+    planner,
+    reader,
+    robot,
+    settle,
+    sockdir,
+)
 
 __all__ = ["robot", "sockdir"]  # fixtures used here
 
@@ -40,8 +54,7 @@ def uplink(endpoint: str, plan: WindowPlanner, rob: Robot, **kwargs: Any) -> Upl
     return Uplink(
         endpoint,
         plan,
-        rob.steps,
-        {"cam": rob.ring},
+        reader(rob),
         {"cam": Camera(codec="png")},
         LinkCounters(),
         **kwargs,
@@ -75,7 +88,7 @@ def test_an_act_whose_window_is_over_the_limit_gets_its_frames_at_once(
             up.ensure("W", plan.needed(0, None))
             await fake.wait_for(1)
             up.settled("W", 0, True)
-            up.on_chunk({"wep": "W", "from": 0, "at": 0, "rows": 6})  # next ask at 6
+            up.on_chunk(merged({"wep": "W", "from": 0, "at": 0, "rows": 6}))  # next ask at 6
             for s in range(1, 7):
                 up.on_step(robot.step("W", s))
                 await settle()
@@ -102,7 +115,16 @@ def test_connect_warns_when_one_window_cannot_fit_the_frame_limit(
     hello = Handshake(obs, Actions(open_loop_horizon=4), {"observe": "ipc:///x-o"}, "p:P")
     caplog.set_level(logging.WARNING, "robotd.link")
     steps = StepRing(keep=64)
-    up = make_uplink(cfg, hello, "ipc:///x", obs, plan, hello.actions, steps, {}, LinkCounters())
+    up = make_uplink(
+        cfg,
+        hello,
+        "ipc:///x",
+        obs,
+        plan,
+        hello.actions,
+        StepReader(steps, RingFrames({})),
+        LinkCounters(),
+    )
     assert up is not None and up.conn.limits.episode_frames == 4
     assert "reads 6 camera frames" in caplog.text
     assert "only 4 frames per episode (policy.max_episode_frames = 4)" in caplog.text
@@ -122,7 +144,7 @@ def test_a_step_without_a_camera_frame_is_declared_skipped_saying_so(
     async def main() -> None:
         async with anyio.create_task_group() as tg:
             tg.start_soon(up.run)
-            robot.step("W", 0)["cams"]["cam"] = None  # no frame had arrived at step 0
+            robot.step("W", 0).cams["cam"] = None  # no frame had arrived at step 0
             robot.step("W", 1)
             up.on_ask("W", 1, 0)
             up.ensure("W", plan.needed(1, None))
@@ -252,12 +274,11 @@ def act_link(
     link = ActLink(
         client,
         plan,
-        rob.steps,
-        FrameSource({"cam": rob.ring}),
-        chunks.append,
+        reader(rob),
+        lambda m: chunks.append(plain(m)),
         control_hz=30.0,
         actions=None,
-        camera_names={"cam"},
+        limits=ChunkLimits(),
         uplink=up,
         stream_wait_s=0.1,
         counters=up.counters,
@@ -285,7 +306,7 @@ def test_missing_steps_outside_the_window_fail_the_act_not_the_daemon(
         await client.connect()
         for s in range(4):
             robot.step("W", s)
-        await link.on_ask({"k": "ask", "id": 7, "wep": "W", "s": 3, "queue": 0})
+        await ask(link, 7, "W", 3)
         await client.close()
 
     try:
@@ -310,8 +331,7 @@ def test_any_exception_in_an_act_becomes_act_failed_with_its_traceback(
     up = BrokenUplink(
         f"ipc://{sockdir}/o.sock",
         plan,
-        robot.steps,
-        {"cam": robot.ring},
+        reader(robot),
         {"cam": None},
         LinkCounters(),
     )
@@ -323,7 +343,7 @@ def test_any_exception_in_an_act_becomes_act_failed_with_its_traceback(
         await client.connect()
         for s in range(4):
             robot.step("W", s)
-        await link.on_ask({"k": "ask", "id": 8, "wep": "W", "s": 3, "queue": 0})
+        await ask(link, 8, "W", 3)
         await client.close()
 
     try:
@@ -428,12 +448,11 @@ def test_an_act_that_never_reached_the_policy_leaves_the_every_history_whole(
         link = ActLink(
             client,
             plan,
-            robot.steps,
-            FrameSource({"cam": robot.ring}),
-            chunks.append,
+            reader(robot),
+            lambda m: chunks.append(plain(m)),
             control_hz=30.0,
             actions=hello.actions,
-            camera_names={"cam"},
+            limits=ChunkLimits(),
             uplink=up,
             stream_wait_s=0.2,
             counters=up.counters,
@@ -443,16 +462,16 @@ def test_an_act_that_never_reached_the_policy_leaves_the_every_history_whole(
             for s in range(7):
                 rec = robot.step("W", s)
                 if s == 4:
-                    rec["cams"]["cam"] = None  # the camera had no frame at step 4
+                    rec.cams["cam"] = None  # the camera had no frame at step 4
                 up.on_step(rec)
                 if s in (0, 4, 6):
-                    await link.on_ask({"k": "ask", "id": s, "wep": "W", "s": s, "queue": 0})
+                    await ask(link, s, "W", s)
                 await settle()
             tg.cancel_scope.cancel()
         await client.close()
 
     run(main)
-    assert [c["k"] for c in chunks] == ["chunk", "act_failed", "chunk"]
+    assert [c["k"] for c in chunks] == ["rows", "act_failed", "rows"]
     assert "the camera had no frame at that step" in chunks[1]["reason"]
     # The act at 4 never reached the policy: the one at 6 is handed the joints at 2, 4, 6.
     got = module.SEEN[-1]
@@ -477,26 +496,25 @@ def test_the_act_round_trip_is_measured_from_the_ask(
         link = ActLink(
             client,
             plan,
-            robot.steps,
-            FrameSource({"cam": robot.ring}),
-            chunks.append,
+            reader(robot),
+            lambda m: chunks.append(plain(m)),
             control_hz=30.0,
             actions=hello.actions,
-            camera_names={"cam"},
+            limits=ChunkLimits(),
             uplink=up,
             stream_wait_s=0.3,
             counters=up.counters,
         )
         robot.step("W", 0)
         started = time.perf_counter()
-        await link.on_ask({"k": "ask", "id": 1, "wep": "W", "s": 0, "queue": 0})
+        await ask(link, 1, "W", 0)
         elapsed = (time.perf_counter() - started) * 1e3
         await client.close()
         assert up.counters.rtt_ms.values[0] == pytest.approx(elapsed, abs=20.0)
         return up.counters
 
     counters = run(main)
-    assert [c["k"] for c in chunks] == ["chunk"]
+    assert [c["k"] for c in chunks] == ["rows"]
     assert counters.rtt_ms.values[0] >= 300  # the first try's wait is part of the act
     assert counters.inline_frames == 1
 

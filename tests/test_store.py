@@ -19,8 +19,8 @@ import zmq
 
 from robotd import wire
 from robotd.contract import Camera
+from robotd.frames import fit_and_encode, to_wire
 from robotd.link.client import PolicyClient, PolicyError
-from robotd.link.fit import fit_and_encode, to_wire
 from robotd.worker.server import observe_endpoint, serve
 from robotd.worker.store import (
     SKIP_ENTRY_BYTES,

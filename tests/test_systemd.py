@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from robotd import sdnotify
+from robotd.runtime import sdnotify
 from tests.daemon_util import REPO, Daemon
 
 UNIT = REPO / "systemd" / "robotd.service"

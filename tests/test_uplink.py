@@ -20,13 +20,17 @@ import numpy as np
 import pytest
 
 from robotd.contract import Camera, Observations, Stream
+from robotd.lane.messages import Ask, Merged, Step
+from robotd.link.act import ActLink
+from robotd.link.chunks import ChunkLimits
 from robotd.link.client import PolicyClient
-from robotd.link.session import ActLink, FrameLost, FrameSource, LinkCounters, StepRing
+from robotd.link.steps import FrameLost, LinkCounters, RingFrames, StepReader, StepRing
 from robotd.link.uplink import Uplink, UplinkLimits
 from robotd.link.windows import WindowPlanner
 from robotd.shm import FrameRing
 from robotd.worker.server import serve
 from tests.fake_router import FakeRouter
+from tests.lane_util import plain
 
 HZ = 30.0
 KEYS = ["cam", "joints.pos", "joints.vel"]
@@ -93,18 +97,11 @@ class Robot:
         self.ring = FrameRing.create(f"robotd-test-up-{os.getpid()}-{id(self)}", SHAPE, slots)
         self.steps = StepRing(keep=256)
 
-    def step(self, wep: str, s: int) -> dict[str, Any]:
+    def step(self, wep: str, s: int) -> Step:
         index = self.ring.write(np.full(SHAPE, s % 256, np.uint8), 1000 + s)
-        rec = {
-            "k": "step",
-            "wep": wep,
-            "s": s,
-            "t": 1000 + s,
-            "pos": [float(s), 0.5],
-            "vel": [0.0, -float(s)],
-            "cams": {"cam": [index, 1000 + s]},
-            "ok": True,
-        }
+        rec = Step(
+            1, wep, s, 1000 + s, [float(s), 0.5], [0.0, -float(s)], {"cam": (index, 1000 + s)}, True
+        )
         self.steps.add(rec)
         return rec
 
@@ -131,12 +128,29 @@ def planner(**streams: Stream) -> WindowPlanner:
     return WindowPlanner(Observations(streams=streams).resolve(HZ), KEYS)
 
 
+def reader(robot: Robot) -> StepReader:
+    return StepReader(robot.steps, RingFrames({"cam": robot.ring}))
+
+
+def merged(d: dict[str, Any]) -> Merged:
+    """A merge report from the fields a test names (the rest as a plain merge has them)."""
+    return Merged(
+        0, d["wep"], d["from"], d["at"], d["rows"], d.get("dropped", 0), d.get("stale", False)
+    )
+
+
+async def ask(link: ActLink, ask_id: int, wep: str, s: int, queue: int = 0) -> None:
+    """One ask taken up and its act finished, as the policy session does."""
+    act = link.begin(Ask(ask_id, wep, s, 1, queue))
+    if act is not None:
+        await link.finish(act)
+
+
 def make_uplink(endpoint: str, plan: WindowPlanner, robot: Robot, **kwargs: Any) -> Uplink:
     return Uplink(
         endpoint,
         plan,
-        robot.steps,
-        {"cam": robot.ring},
+        reader(robot),
         {"cam": Camera(codec="png")},
         LinkCounters(),
         **kwargs,
@@ -162,17 +176,7 @@ async def drive_sync(
     for s in range(steps):
         up.on_step(robot.step("W", s))
         if s == merge_at:
-            up.on_chunk(
-                {
-                    "k": "chunk",
-                    "wep": "W",
-                    "from": asked,
-                    "at": s,
-                    "rows": rows,
-                    "dropped": 0,
-                    "stale": False,
-                }
-            )
+            up.on_chunk(Merged(0, "W", asked, s, rows, 0, False))
             up.released("W", up.release_point(asked))
             queue, merge_at = min(rows, olh), None
         if queue == 0 and merge_at is None:
@@ -254,7 +258,7 @@ def test_realtime_predicts_from_the_merged_queue(sockdir: Path, robot: Robot) ->
                 await settle()
             # The chunk from step 0 (10 rows) merges at step 3: 3 rows dropped, 7 queued,
             # so the next ask comes when 2 remain: at step 3 + 5 = 8, reading steps 4 and 8.
-            up.on_chunk({"wep": "W", "from": 0, "at": 3, "rows": 10, "dropped": 3})
+            up.on_chunk(merged({"wep": "W", "from": 0, "at": 3, "rows": 10, "dropped": 3}))
             for s in range(4, 9):
                 up.on_step(robot.step("W", s))
                 await settle()
@@ -282,7 +286,7 @@ def test_a_mispredicted_step_goes_up_just_before_the_act(sockdir: Path, robot: R
             tg.start_soon(up.run)
             up.on_step(robot.step("W", 0))
             up.on_ask("W", 0, 0)
-            up.on_chunk({"wep": "W", "from": 0, "at": 1, "rows": 8})  # next ask: 5
+            up.on_chunk(merged({"wep": "W", "from": 0, "at": 1, "rows": 8}))  # next ask: 5
             for s in range(1, 8):
                 up.on_step(robot.step("W", s))
                 await settle()
@@ -455,19 +459,18 @@ def test_what_the_worker_lacks_goes_inline_and_the_act_is_asked_again(
         link = ActLink(
             client,
             plan,
-            robot.steps,
-            FrameSource({"cam": robot.ring}),
-            chunks.append,
+            reader(robot),
+            lambda m: chunks.append(plain(m)),
             control_hz=HZ,
             actions=hello.actions,
-            camera_names={"cam"},
+            limits=ChunkLimits(),
             uplink=up,
             stream_wait_s=0.2,
             counters=up.counters,
         )
         for s in range(4):
             robot.step("W", s)
-        await link.on_ask({"k": "ask", "id": 1, "wep": "W", "s": 3, "queue": 0})
+        await ask(link, 1, "W", 3)
         await client.close()
 
     try:
@@ -478,7 +481,7 @@ def test_what_the_worker_lacks_goes_inline_and_the_act_is_asked_again(
         server.join(10)
         sys.path.remove(str(sockdir))
         sys.modules.pop("uplink_policy", None)
-    assert [c["k"] for c in chunks] == ["chunk"]
+    assert [c["k"] for c in chunks] == ["rows"]
     got = module.SEEN[-1]
     assert got["steps"] == [1, 3]
     assert [o["cam"][0, 0, 0] for o in got["observations"]] == [1, 3]

@@ -15,7 +15,7 @@ from drivers.sim import geometry as g
 from robotd.config import Config, config_from_dict, load_config
 from robotd.contract import Actions, Observations, Stream
 from robotd.demo import DotFollower
-from robotd.virtual import run_virtual
+from robotd.virtual.runner import run_virtual
 
 HZ = 30.0
 WIDE = {"lower": [-1e6] * 3, "upper": [1e6] * 3}  # no limit near any encoded step

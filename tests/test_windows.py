@@ -9,16 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from robotd.contract import ContractError, Observations, Stream
-from robotd.link.windows import (
-    Window,
-    WindowPlanner,
-    assemble,
-    predict_next_ask,
-    predict_next_ask_realtime,
-    predict_next_ask_sync,
-    upload_keys_plan,
-    upload_plan,
-)
+from robotd.link.windows import Window, WindowPlanner, assemble
 
 ALL_KEYS = ("a", "b", "c", "d", "top", "wrist")
 
@@ -99,7 +90,7 @@ def test_plan_matches_reference(
     if pad == "drop":
         assert min(window.steps) >= 0
     sources = {max(s, 0) for s, keys in expected.items() if keys}
-    assert planner.steps_needed(t, prev) == sources == upload_plan(planner, t, prev)
+    assert set(planner.needed(t, prev)) == sources
 
 
 @settings(max_examples=200, deadline=None)
@@ -124,7 +115,7 @@ def test_first_act_of_an_episode() -> None:
     w = p.plan(0, None)
     assert w.steps == (-4, -2, 0)
     assert w.keys_at == {-4: ("top",), -2: ("top",), 0: ("a", "top")}
-    assert p.steps_needed(0, None) == {0}
+    assert set(p.needed(0, None)) == {0}
     w = planner_for("drop", a=Stream(every=3), top=Stream(at=[-4, -2, 0])).plan(0, None)
     assert w.steps == (0,) and w.keys_at == {0: ("a", "top")}
 
@@ -150,14 +141,14 @@ def test_window_without_zero_still_ends_at_the_own_step() -> None:
     p = planner_for(top=Stream(at=[-3, -1]))
     w = p.plan(5, None)
     assert w.steps == (2, 4, 5) and w.keys_at[5] == ()
-    assert p.steps_needed(5, None) == {2, 4}
+    assert set(p.needed(5, None)) == {2, 4}
     assert p.lookback == 3
 
 
 def test_padded_steps_share_step_zero() -> None:
     p = planner_for(top=Stream(at=[-6, -3, 0]), a=Stream(at=[-1, 0]))
     assert p.needed(1, None) == {0: frozenset({"top", "a"}), 1: frozenset({"top", "a"})}
-    assert upload_keys_plan(p, 4, None) == {
+    assert p.needed(4, None) == {
         0: frozenset({"top"}),
         1: frozenset({"top"}),
         3: frozenset({"a"}),
@@ -196,27 +187,3 @@ def test_bad_steps_and_missing_keys_are_refused() -> None:
     obs = Observations(streams={"cam9": Stream()}).resolve(10)
     with pytest.raises(ContractError, match="'cam9' not produced by this robot"):
         WindowPlanner(obs, ["a"])
-
-
-def test_predict_next_ask_sync_is_exact() -> None:
-    assert predict_next_ask_sync(20, 8) == 28
-    assert predict_next_ask_sync(20, 8, chunk_len=5) == 25
-    assert predict_next_ask("sync", now=21, prev_act=20, open_loop_horizon=8) == 28
-    assert predict_next_ask("sync", now=0, prev_act=None, open_loop_horizon=8) == 0
-    with pytest.raises(ValueError, match="open_loop_horizon"):
-        predict_next_ask("sync", now=3, prev_act=1)
-
-
-def test_predict_next_ask_realtime() -> None:
-    # Nothing in flight: ask once the queue has run down to refill_steps.
-    assert predict_next_ask_realtime(100, queue_len=12, refill_steps=4) == 108
-    assert predict_next_ask_realtime(100, queue_len=3, refill_steps=4) == 100
-    # In flight from 100, 5.2 steps of latency: merged at 106 with 20 - 6 = 14 rows left.
-    kw = {"in_flight_from": 100, "latency_steps": 5.2, "chunk_len": 20}
-    assert predict_next_ask_realtime(101, 0, 4, **kw) == 116
-    # Already later than expected: arrival is no earlier than now.
-    assert predict_next_ask_realtime(110, 0, 4, **kw) == 116
-    # A chunk wholly in the past leaves an empty queue: ask on arrival.
-    assert predict_next_ask_realtime(130, 0, 4, **kw) == 130
-    assert predict_next_ask_realtime(101, 0, 4, in_flight_from=100, latency_steps=3) == 103
-    assert predict_next_ask("realtime", now=100, prev_act=90, queue_len=12, refill_steps=4) == 108

@@ -1,15 +1,17 @@
-"""What the control lane counts: per-run counters and the ask → chunk latency."""
+"""What the control lane counts: per-run counters, the queue's and the shield's, and the
+ask → chunk latency. The counter structs travel as they are in the lane's Stats message
+(robotd.lane.messages), so building that message costs no per-field work."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any
+
+import msgspec
 
 from robotd.control.histogram import LatencyHistogram
 
 
-@dataclass(slots=True)
-class Counters:
+class Counters(msgspec.Struct, forbid_unknown_fields=True):
     ticks: int = 0
     steps: int = 0
     episodes: int = 0
@@ -24,8 +26,31 @@ class Counters:
     invalid_observations: int = 0
     driver_errors: int = 0
     bad_chunks: int = 0
+    bad_messages: int = 0  # lane messages refused as malformed
     skipped_steps: int = 0  # steps whose tick an overrun skipped (nothing read, nothing played)
     stale_rows_played: int = 0  # realtime: rows played after the step they were meant for
+
+
+class QueueCounters(msgspec.Struct, forbid_unknown_fields=True):
+    """Cumulative counts since the queue was made (flush does not clear them)."""
+
+    chunks: int = 0  # chunks handed to merge (stale ones included)
+    stale_chunks: int = 0  # chunks wholly in the past, discarded
+    rows_dropped: int = 0  # queued rows whose step passed before they were played
+    flushed_rows: int = 0  # rows discarded by flush
+    merge_dropped: int = 0  # chunk rows dropped at merge as already past (MergeResult.dropped)
+    replaced_rows: int = 0  # queued rows for future steps superseded by a newer chunk
+
+
+class ShieldCounters(msgspec.Struct, forbid_unknown_fields=True):
+    clipped: int = 0
+    clamped: int = 0
+    rejected: int = 0
+    per_joint: dict[str, int] = {}  # rate-limit clamps by joint
+
+    @property
+    def interventions(self) -> int:
+        return self.clipped + self.clamped + self.rejected
 
 
 class AskLatency:
@@ -40,7 +65,7 @@ class AskLatency:
         self.steps[steps] = self.steps.get(steps, 0) + 1
         self.ns.add(ns)
 
-    def _steps_percentile(self, q: float) -> int:
+    def steps_percentile(self, q: float) -> int:
         rank, seen = max(1, -(-self.ns.count * q // 100)), 0  # nearest rank
         for value in sorted(self.steps):
             seen += self.steps[value]
@@ -48,24 +73,10 @@ class AskLatency:
                 return value
         return 0
 
-    def to_wire(self) -> dict[str, Any]:
-        """Plain data for the lane's stats message: cheap to build; the main process
-        computes the percentiles (`from_wire(...).summary()`), not the control lane."""
-        return {"steps": [[k, n] for k, n in self.steps.items()], "ns": self.ns.to_wire()}
-
-    @classmethod
-    def from_wire(cls, data: Any) -> AskLatency:
-        out = cls()
-        if not data:
-            return out
-        out.steps = {int(k): int(n) for k, n in data["steps"]}
-        out.ns = LatencyHistogram.from_wire(data["ns"])
-        return out
-
     def summary(self) -> dict[str, Any]:
         """{"count", "steps": {"p50", "p99"}, "ms": {"p50", "p99"}}; zeros when empty."""
         return {
             "count": self.ns.count,
-            "steps": {"p50": self._steps_percentile(50), "p99": self._steps_percentile(99)},
+            "steps": {"p50": self.steps_percentile(50), "p99": self.steps_percentile(99)},
             "ms": {"p50": self.ns.percentile(50) / 1e3, "p99": self.ns.percentile(99) / 1e3},
         }

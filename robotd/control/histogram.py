@@ -15,9 +15,10 @@ of a nearest-rank percentile. Everything reported is in microseconds (floats).
 from __future__ import annotations
 
 import math
-from typing import Any
 
-__all__ = ["LatencyHistogram"]
+import msgspec
+
+__all__ = ["HistogramData", "LatencyHistogram"]
 
 _SUB_BITS = 5
 _SUB = 1 << _SUB_BITS  # buckets per power of two
@@ -27,7 +28,16 @@ _LINEAR_SHIFT = _LOW_EXP - _SUB_BITS  # linear bucket width below 2**10 ns: 32 n
 _N_BUCKETS = _SUB + (_HIGH_EXP - _LOW_EXP + 1) * _SUB + 1  # + overflow
 _OVERFLOW = _N_BUCKETS - 1
 _LIMIT_NS = 1 << (_HIGH_EXP + 1)
-_WIRE_VERSION = 1
+
+
+class HistogramData(msgspec.Struct, array_like=True, forbid_unknown_fields=True):
+    """A histogram on the wire: (bucket, count) for each nonzero bucket, exact stats."""
+
+    buckets: list[tuple[int, int]]
+    count: int
+    min_ns: int
+    max_ns: int
+    total_ns: int
 
 
 def _bucket_of(ns: int) -> int:
@@ -62,14 +72,15 @@ class LatencyHistogram:
       - :meth:`percentile` (q in 0..100) and :meth:`summary` answer in µs, within
         half a bucket of the true nearest-rank value, never outside [min, max];
         an empty histogram answers 0.0 everywhere (look at :attr:`count`).
-      - :meth:`to_wire` gives plain dicts/lists/ints for msgpack; :meth:`from_wire`
+      - :meth:`data` gives the typed lane-message form (HistogramData); :meth:`from_data`
         validates and rebuilds (a ValueError names what is wrong).
     """
 
-    __slots__ = ("count", "counts", "max_ns", "min_ns", "total_ns")
+    __slots__ = ("_touched", "count", "counts", "max_ns", "min_ns", "total_ns")
 
     def __init__(self) -> None:
         self.counts: list[int] = [0] * _N_BUCKETS
+        self._touched: list[int] = []  # buckets ever nonzero, in first-touch order
         self.count = 0
         self.max_ns = 0
         self.min_ns = 0
@@ -79,7 +90,11 @@ class LatencyHistogram:
         """Record one latency in nanoseconds (O(1))."""
         if ns < 0:
             ns = 0
-        self.counts[_bucket_of(ns)] += 1
+        b = _bucket_of(ns)
+        counts = self.counts
+        if not counts[b]:
+            self._touched.append(b)
+        counts[b] += 1
         if self.count == 0:
             self.min_ns = self.max_ns = ns
         elif ns > self.max_ns:
@@ -92,8 +107,9 @@ class LatencyHistogram:
     def reset(self) -> None:
         """Forget every sample (the bucket list is reused, not reallocated)."""
         counts = self.counts
-        for i in range(_N_BUCKETS):
+        for i in self._touched:
             counts[i] = 0
+        self._touched.clear()
         self.count = 0
         self.max_ns = 0
         self.min_ns = 0
@@ -106,9 +122,10 @@ class LatencyHistogram:
         if other.count == 0:
             return
         mine = self.counts
-        for i, c in enumerate(other.counts):
-            if c:
-                mine[i] += c
+        for i in other._touched:
+            if not mine[i]:
+                self._touched.append(i)
+            mine[i] += other.counts[i]
         if self.count == 0:
             self.min_ns, self.max_ns = other.min_ns, other.max_ns
         else:
@@ -150,54 +167,41 @@ class LatencyHistogram:
             "max": self.max_ns / 1000.0,
         }
 
-    def to_wire(self) -> dict[str, Any]:
-        """Plain data for msgpack: sparse ``[[bucket, count], ...]`` plus the exact stats."""
-        return {
-            "v": _WIRE_VERSION,
-            "buckets": [[i, c] for i, c in enumerate(self.counts) if c],
-            "count": self.count,
-            "min_ns": self.min_ns,
-            "max_ns": self.max_ns,
-            "total_ns": self.total_ns,
-        }
+    def data(self) -> HistogramData:
+        """The histogram as a lane message field: the nonzero buckets (cumulative) and the
+        exact stats. Cheap: it walks only the buckets ever touched, never all of them."""
+        counts = self.counts
+        return HistogramData(
+            [(i, counts[i]) for i in self._touched],
+            self.count,
+            self.min_ns,
+            self.max_ns,
+            self.total_ns,
+        )
 
     @classmethod
-    def from_wire(cls, data: Any) -> LatencyHistogram:
-        """Rebuild from :meth:`to_wire` output; ValueError names the bad field."""
-        where = "LatencyHistogram.from_wire"
-        if not isinstance(data, dict):
-            raise ValueError(f"{where}: expected a dict, got {type(data).__name__}")
-        if data.get("v") != _WIRE_VERSION:
-            raise ValueError(f"{where}: v must be {_WIRE_VERSION}, got {data.get('v')!r}")
-        fields = {}
-        for key in ("count", "min_ns", "max_ns", "total_ns"):
-            value = data.get(key)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-                raise ValueError(f"{where}: {key} must be an int >= 0, got {value!r}")
-            fields[key] = value
-        buckets = data.get("buckets")
-        if not isinstance(buckets, list | tuple):
-            raise ValueError(f"{where}: buckets must be a list, got {type(buckets).__name__}")
+    def from_data(cls, data: HistogramData | None) -> LatencyHistogram:
+        """Rebuild from :meth:`data` (None: empty); ValueError names the bad field."""
         hist = cls()
-        for n, pair in enumerate(buckets):
-            ok = isinstance(pair, list | tuple) and len(pair) == 2
-            ok = ok and all(isinstance(x, int) and not isinstance(x, bool) for x in pair)
-            if not ok or not (0 <= pair[0] < _N_BUCKETS) or pair[1] <= 0:
+        if data is None:
+            return hist
+        where = "histogram"
+        for n, (index, count) in enumerate(data.buckets):
+            if not (0 <= index < _N_BUCKETS) or count <= 0:
                 raise ValueError(
                     f"{where}: buckets[{n}] must be [index 0..{_N_BUCKETS - 1}, count > 0], "
-                    f"got {pair!r}"
+                    f"got {[index, count]!r}"
                 )
-            hist.counts[pair[0]] += pair[1]
-        if sum(hist.counts) != fields["count"]:
-            raise ValueError(
-                f"{where}: count {fields['count']} != sum of bucket counts {sum(hist.counts)}"
-            )
-        if fields["count"] and fields["min_ns"] > fields["max_ns"]:
-            raise ValueError(f"{where}: min_ns {fields['min_ns']} > max_ns {fields['max_ns']}")
-        hist.count = fields["count"]
-        hist.min_ns = fields["min_ns"]
-        hist.max_ns = fields["max_ns"]
-        hist.total_ns = fields["total_ns"]
+            if not hist.counts[index]:
+                hist._touched.append(index)
+            hist.counts[index] += count
+        total = sum(hist.counts)
+        if total != data.count:
+            raise ValueError(f"{where}: count {data.count} != sum of bucket counts {total}")
+        if data.count and data.min_ns > data.max_ns:
+            raise ValueError(f"{where}: min_ns {data.min_ns} > max_ns {data.max_ns}")
+        hist.count, hist.min_ns, hist.max_ns = data.count, data.min_ns, data.max_ns
+        hist.total_ns = data.total_ns
         return hist
 
     def __repr__(self) -> str:

@@ -17,8 +17,9 @@ import numpy as np
 
 from robotd.control.counters import AskLatency, Counters
 from robotd.control.queue import ActionQueue, QueueConfig
+from robotd.lane.messages import Ask, Event, Merged
 
-Emit = Callable[[dict[str, Any]], None]
+Emit = Callable[[Any], None]
 RETRY_AFTER_S = 0.5
 
 
@@ -76,20 +77,13 @@ class Playback:
     def should_ask(self, tick: int) -> bool:
         return tick >= self._retry_at_tick and self.queue.should_ask(self.in_flight is not None)
 
-    def ask(self, *, wep: str, step: int, episode: int, now_ns: int) -> dict[str, Any]:
+    def ask(self, *, wep: str, step: int, episode: int, now_ns: int) -> Ask:
         """Put an act in flight; returns the ask message (the caller emits it)."""
         self._ask_id += 1
         self.in_flight = self._ask_id
         self._ask_ns = now_ns
         self.counters.acts += 1
-        return {
-            "k": "ask",
-            "id": self._ask_id,
-            "wep": wep,
-            "s": step,
-            "ep": episode,
-            "queue": len(self.queue),
-        }
+        return Ask(self._ask_id, wep, step, episode, len(self.queue))
 
     def merge_pending(self, *, wep: str, step: int, now_ns: int) -> None:
         """Merge the answer to the act in flight, if it came; discard any other."""
@@ -116,16 +110,15 @@ class Playback:
         self.counters.chunks += 1
         self.ask_latency.add(step - chunk.step, now_ns - self._ask_ns)
         self.emit(
-            {
-                "k": "chunk",
-                "ask": chunk.ask_id,
-                "wep": chunk.wep,
-                "from": chunk.step,
-                "at": step,
-                "rows": int(rows.shape[0]),
-                "dropped": result.dropped,
-                "stale": result.stale,
-            }
+            Merged(
+                chunk.ask_id,
+                chunk.wep,
+                chunk.step,
+                step,
+                int(rows.shape[0]),
+                result.dropped,
+                result.stale,
+            )
         )
 
     def _bad(self, chunk: Chunk, why: str) -> None:
@@ -148,5 +141,5 @@ class Playback:
                 self.counters.stale_rows_played += 1
         return row
 
-    def _event(self, name: str, **fields: Any) -> None:
-        self.emit({"k": "event", "name": name, "tick": self.counters.ticks, **fields})
+    def _event(self, name: str, **detail: Any) -> None:
+        self.emit(Event(name, self.counters.ticks, detail))

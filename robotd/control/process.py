@@ -1,250 +1,305 @@
 """The control process: the realtime lane.
 
-One loop thread, absolute deadlines (robotd.control.ticker), SCHED_FIFO and
-mlockall when permitted, gc frozen after start-up. Per tick: drain the inbound
-socket (commands, chunks) → read the joints → take each camera's newest frame
-reference → kernel.update → write the joints → publish what the kernel emitted.
-Outbound sends never block: a full queue counts a drop and the loop goes on.
+One loop thread, absolute deadlines (robotd.control.ticker), SCHED_FIFO and mlockall when
+permitted, gc frozen after start-up. Per tick (`ControlLane.one_tick`): take e-stops off
+lane.sock first → drain the private inbound socket (chunks, commands) → the tick
+(robotd.control.tick: read → frame refs → kernel.update → write) → send what the kernel
+emitted, as one multipart message. Sends never block: a full queue counts a drop and the
+loop goes on. Every inbound message is decoded and validated (robotd.lane.codec); a bad
+one becomes a counted, rate-limited `bad_message` event, never an exception in the loop.
 
-Started by the main process as ``python -m robotd.control.process '<json>'``; the
-json carries the validated config and the endpoints/shared-memory names to use.
+Started by the main process as ``python -m robotd.control.process '<json>'``; the json
+(`ControlSpec`) carries the validated config and the endpoints/shared-memory names.
 """
 
 from __future__ import annotations
 
-import json
+import contextlib
 import logging
 import os
 import sys
 import threading
 import time
+from collections.abc import Callable
 from typing import Any
 
-import numpy as np
+import msgspec
 import zmq
 
 from drivers.base import DriverContext, DriverFault, JointDriver, build_joints
-from robotd import wire
 from robotd.config import Config
 from robotd.control.episode import CommandRefused
 from robotd.control.histogram import LatencyHistogram
-from robotd.control.kernel import Chunk, Kernel
+from robotd.control.kernel import Kernel
+from robotd.control.playback import Chunk
 from robotd.control.rt import enable_realtime, freeze_gc
-from robotd.control.ticker import OverrunLog, RateLimiter, Ticker
-from robotd.procutil import die_with_parent, install_stop_signals
+from robotd.control.tick import TickIO
+from robotd.control.ticker import OverrunLog, RateLimiter, Tick, Ticker
+from robotd.lane import codec
+from robotd.lane.messages import (
+    ActFailed,
+    Bye,
+    ChunkRows,
+    Command,
+    Contract,
+    EpisodeLost,
+    Event,
+    Ready,
+    Reply,
+    Shutdown,
+    Stats,
+)
+from robotd.runtime.procutil import die_with_parent, install_stop_signals
 from robotd.shm import FrameRing
 
 log = logging.getLogger("robotd.control")
 
 MAX_INBOUND_PER_TICK = 32
+MAX_ESTOPS_PER_TICK = 8
 
 
-def open_joint_driver(cfg: Config, shm_prefix: str | None) -> JointDriver:
+class ControlSpec(msgspec.Struct, forbid_unknown_fields=True):
+    """The control process's single argument (json)."""
+
+    config: dict[str, Any]
+    run_id: str
+    up: str  # main's PULL, which this process connects to
+    down: str  # this process's private PULL (commands, chunks)
+    estop: str  # lane.sock: this process's ROUTER that takes the e-stop only
+    shm_prefix: str | None = None
+    rings: dict[str, str] = {}
+
+
+def open_joint_driver(cfg: Config, context: DriverContext) -> JointDriver:
     """Build the configured joint driver through the factory and open it."""
-    context = DriverContext(shm_prefix=shm_prefix)
     driver = build_joints(cfg.joints.driver, cfg.joints.names, cfg.joints.options, context)
     driver.open()
     return driver
 
 
-class ControlLane:
-    """Owns the sockets, the driver, the rings and the kernel; runs the loop thread."""
+def _bind_private(sock: zmq.Socket, endpoint: str, mode: int) -> None:
+    """Bind an ipc socket whose file is created with `mode` (the umask makes it so from the
+    start: there is no moment when it is wider)."""
+    old = os.umask(0o777 & ~mode)
+    try:
+        sock.bind(endpoint)
+    finally:
+        os.umask(old)
+    if endpoint.startswith("ipc://"):
+        os.chmod(endpoint.removeprefix("ipc://"), mode)
 
-    def __init__(self, spec: dict[str, Any]) -> None:
-        self.cfg = Config.model_validate(spec["config"])
-        self.spec = spec
+
+class LanePorts:
+    """The lane's three sockets: `up` to main (PUSH), `down` from main (PULL, 0600) and
+    `estop` (lane.sock, ROUTER, 0660: anyone in the robot's group may stop it)."""
+
+    def __init__(self, spec: ControlSpec) -> None:
         ctx = zmq.Context.instance()
         self.up = ctx.socket(zmq.PUSH)
         self.up.setsockopt(zmq.SNDHWM, 10_000)
         self.up.setsockopt(zmq.LINGER, 500)
-        self.up.connect(spec["up"])
+        self.up.connect(spec.up)
         self.down = ctx.socket(zmq.PULL)
         self.down.setsockopt(zmq.LINGER, 0)
-        self.down.bind(spec["down"])
-        if spec["down"].startswith("ipc://"):
-            os.chmod(spec["down"].removeprefix("ipc://"), 0o660)
+        self.down.setsockopt(zmq.MAXMSGSIZE, codec.MAX_MESSAGE_BYTES)
+        _bind_private(self.down, spec.down, 0o600)
+        self.estop = ctx.socket(zmq.ROUTER)
+        self.estop.setsockopt(zmq.LINGER, 0)
+        self.estop.setsockopt(zmq.MAXMSGSIZE, 4096)
+        self.estop.setsockopt(zmq.SNDHWM, 100)
+        _bind_private(self.estop, spec.estop, 0o660)
+        self.estop_path = spec.estop.removeprefix("ipc://")
+
+    def close(self) -> None:
+        for sock in (self.up, self.down, self.estop):
+            sock.close()
+
+
+class ControlLane:
+    """Owns the ports, the driver, the rings and the kernel; `run` is the loop thread."""
+
+    def __init__(
+        self,
+        spec: ControlSpec,
+        *,
+        clock: Callable[[], int] = time.monotonic_ns,
+        sleep: Callable[[float], None] = time.sleep,
+    ) -> None:
+        self.cfg = Config.model_validate(spec.config)
+        self.ports = LanePorts(spec)
+        self.clock = clock
         self.dropped = 0
-        self.kernel = Kernel(self.cfg, run_id=spec["run_id"], emit=self._send)
-        self.driver = open_joint_driver(self.cfg, spec.get("shm_prefix"))
-        self.rings = {
-            name: FrameRing.attach(ring, pixels=False)
-            for name, ring in spec.get("rings", {}).items()
-        }
-        self.has_truth = bool(self.driver.ground_truth())
+        self.outbox: list[Any] = []
+        self.kernel = Kernel(self.cfg, run_id=spec.run_id, emit=self.outbox.append)
+        self.driver = open_joint_driver(
+            self.cfg, DriverContext(clock=clock, shm_prefix=spec.shm_prefix)
+        )
+        # The lane reads only each ring's index (the newest frame's reference), never pixels.
+        self.rings = {n: FrameRing.attach(r, pixels=False) for n, r in spec.rings.items()}
+        self.io = TickIO(self.kernel, self.driver, self._frames, self._driver_error)
         self.hist = LatencyHistogram()  # lateness at the deadline (after the spin tail)
         self.wake_hist = LatencyHistogram()  # lateness of the sleep's wake-up (before the spin)
-        self.ticker = Ticker.from_hz(self.cfg.control.hz, spin_ns=self.cfg.control.spin_us * 1000)
+        c = self.cfg.control
+        self.ticker = Ticker.from_hz(c.hz, spin_ns=c.spin_us * 1000, clock=clock, sleep=sleep)
+        self.stats_every = max(1, round(c.stats_interval_s * c.hz))
         self.stop = threading.Event()
-        # Start holding where the joints are (the driver anchors its target on torque on).
-        self.driver.torque(True)
-        self.torque = True
         self.warnings: list[str] = []
         self._error_log = RateLimiter(200_000_000)  # at most 5 error events a second
+        self._bad_log = RateLimiter(1_000_000_000)
+        self._overruns = OverrunLog()
+        self._first = True
         self.died = False
+        self.io.start()
 
-    # ---- messaging -------------------------------------------------------------------------
+    # ---- inbound ---------------------------------------------------------------------------
 
-    def _send(self, msg: dict[str, Any]) -> None:
-        try:
-            self.up.send(wire.packb(msg), zmq.NOBLOCK)
-        except zmq.Again:
-            self.dropped += 1
+    def _frames(self) -> dict[str, tuple[int, int] | None]:
+        return {name: ring.latest() for name, ring in self.rings.items()}
 
-    def _drain(self) -> None:
+    def drain(self) -> None:
+        """E-stops first (lane.sock), then the private inbound socket, bounded per tick."""
+        estop = self.ports.estop
+        for _ in range(MAX_ESTOPS_PER_TICK):
+            try:
+                frames = estop.recv_multipart(zmq.NOBLOCK)
+            except zmq.Again:
+                break
+            self._on_estop(frames)
+        down = self.ports.down
         for _ in range(MAX_INBOUND_PER_TICK):
             try:
-                data = self.down.recv(zmq.NOBLOCK)
+                data = down.recv(zmq.NOBLOCK)
             except zmq.Again:
                 return
             try:
-                msg = wire.unpackb(data)
-                self._handle(msg)
-            except Exception as exc:  # a bad message must never stop the lane
-                self._send({"k": "event", "name": "bad_message", "error": str(exc)[:300]})
+                self._handle(codec.decode_down(data))
+            except codec.LaneError as exc:
+                self._bad("bad_message", str(exc))
+            except Exception as exc:  # a bug must never stop the lane
+                self._bad("lane_error", f"{type(exc).__name__}: {exc}")
+
+    def _on_estop(self, frames: list[bytes]) -> None:
+        """lane.sock takes the e-stop and nothing else; every use is an event (logged)."""
+        ident, body = frames[0], frames[-1]
+        try:
+            msg = codec.decode_estop(body)
+        except codec.LaneError as exc:
+            self._bad("lane_refused", f"lane.sock takes the e-stop only: {exc}")
+            reply = Reply(None, False, code="refused", message="lane.sock takes the e-stop only")
+        else:
+            k = self.kernel
+            k.command("estop", msg.reason or "e-stop on lane.sock")
+            k.emit(Event("lane_estop", k.counters.ticks, {"reason": msg.reason}))
+            reply = Reply(msg.id, True, k.status())
+        # The asker may be gone or not reading: the e-stop itself latched anyway.
+        with contextlib.suppress(zmq.ZMQError):
+            self.ports.estop.send_multipart([ident, codec.encode(reply)], zmq.NOBLOCK)
 
     def _handle(self, msg: Any) -> None:
-        if not isinstance(msg, dict):
-            raise ValueError(f"inbound message must be a map, got {type(msg).__name__}")
-        kind = msg.get("k")
-        if kind == "chunk":
-            rows = msg["rows"]
-            if not isinstance(rows, np.ndarray):
-                rows = np.asarray(rows, dtype=np.float64)
-            self.kernel.deliver(
-                Chunk(
-                    int(msg["ask"]),
-                    str(msg["wep"]),
-                    int(msg["s"]),
-                    rows.astype(np.float64, copy=False),
-                )
-            )
-        elif kind == "cmd":
-            rid = msg.get("id")
+        k = self.kernel
+        if isinstance(msg, ChunkRows):
             try:
-                result = self.kernel.command(str(msg["cmd"]), msg.get("args") or {})
-                self._send({"k": "reply", "id": rid, "ok": True, "result": result})
+                rows = msg.rows.array()
+            except ValueError as exc:
+                self._bad("bad_message", f"chunk for ask {msg.ask}: {exc}")
+                return
+            k.deliver(Chunk(msg.ask, msg.wep, msg.s, rows))
+        elif isinstance(msg, Command):
+            try:
+                status = k.command(msg.cmd, msg.reason, msg.task)
+                self.outbox.append(Reply(msg.id, True, status))
             except CommandRefused as exc:
-                self._send(
-                    {
-                        "k": "reply",
-                        "id": rid,
-                        "ok": False,
-                        "error": {"code": exc.code, "message": str(exc)},
-                    }
-                )
-            self._send({"k": "state", **self.kernel.status()})
-        elif kind == "act_failed":
-            self.kernel.act_failed(int(msg["ask"]), str(msg.get("reason", "")))
-        elif kind == "episode_lost":
-            self.kernel.episode_lost(str(msg.get("cause", "unknown")))
-        elif kind == "contract":
-            olh = msg.get("open_loop_horizon")
-            self.kernel.set_contract(None if olh is None else int(olh))
-        elif kind == "stop":
+                self.outbox.append(Reply(msg.id, False, k.status(), exc.code, str(exc)))
+        elif isinstance(msg, ActFailed):
+            k.act_failed(msg.ask, msg.reason)
+        elif isinstance(msg, EpisodeLost):
+            k.episode_lost(msg.cause)
+        elif isinstance(msg, Contract):
+            k.set_contract(msg.open_loop_horizon)
+        elif isinstance(msg, Shutdown):
             self.stop.set()
-        else:
-            raise ValueError(f"unknown inbound message kind {kind!r}")
+
+    def _bad(self, name: str, error: str) -> None:
+        self.kernel.counters.bad_messages += 1
+        if self._bad_log.allow(self.clock()):
+            count = self.kernel.counters.bad_messages
+            self.outbox.append(
+                Event(name, self.kernel.counters.ticks, {"error": error[:300], "count": count})
+            )
+
+    # ---- outbound --------------------------------------------------------------------------
+
+    def flush(self) -> None:
+        """Send what this tick emitted as one multipart message; a full queue drops it."""
+        if not self.outbox:
+            return
+        frames = [codec.encode(m) for m in self.outbox]
+        self.outbox.clear()
+        try:
+            self.ports.up.send_multipart(frames, zmq.NOBLOCK)
+        except zmq.Again:
+            self.dropped += len(frames)
+
+    def stats(self) -> Stats:
+        k = self.kernel
+        lat = k.playback.ask_latency
+        return Stats(
+            k.counters,
+            k.playback.queue.counters,
+            k.shield.counters,
+            self.hist.data(),
+            self.wake_hist.data(),
+            dict(lat.steps),
+            lat.ns.data(),
+            self.ticker.missed,
+            self.ticker.overruns,
+            (self.clock() - self.ticker.origin_ns) / 1e9,
+            self.dropped,
+            self.driver.stats().to_wire(),
+            k.status(),
+        )
+
+    def _driver_error(self, op: str, exc: BaseException) -> None:
+        if op == "kernel":
+            log.exception("kernel.update failed", exc_info=exc)
+        if self._error_log.allow(self.clock()):
+            detail = {"op": op, "error": f"{type(exc).__name__}: {exc}"[:300]}
+            detail["joint"] = getattr(exc, "joint", None)
+            name = "kernel_error" if op == "kernel" else "driver_error"
+            self.outbox.append(Event(name, self.kernel.counters.ticks, detail))
 
     # ---- the loop --------------------------------------------------------------------------
 
-    def _stats(self) -> None:
-        self._send(
-            {
-                "k": "stats",
-                **self.kernel.stats(),
-                "missed_ticks": self.ticker.missed,
-                "elapsed_s": (time.monotonic_ns() - self.ticker.origin_ns) / 1e9,
-                "overruns": self.ticker.overruns,
-                "dropped_messages": self.dropped,
-                "lateness": self.hist.to_wire(),
-                "wake_lateness": self.wake_hist.to_wire(),
-                "state": self.kernel.status(),
-                "driver": self.driver.stats().to_wire(),
-            }
-        )
-
-    def _driver_error(self, what: str, exc: Exception) -> None:
-        # Any exception from a driver (not only DriverFault: a serial OSError, a bug in a
-        # plugin) is a failed operation this tick, never the end of the loop.
-        if self._error_log.allow(time.monotonic_ns()):
-            joint = getattr(exc, "joint", None)
-            self._send(
-                {
-                    "k": "event",
-                    "name": "driver_error",
-                    "op": what,
-                    "error": f"{type(exc).__name__}: {exc}",
-                    "joint": joint,
-                }
-            )
-
-    def _tick_io(self, skipped: int) -> None:
-        try:
-            joints = self.driver.read()
-        except Exception as exc:
-            joints = None
-            self._driver_error("read", exc)
-        frames = {name: ring.latest() for name, ring in self.rings.items()}
-        truth = None
-        if self.has_truth and joints is not None:
-            try:
-                truth = self.driver.ground_truth()
-            except Exception as exc:
-                self._driver_error("ground_truth", exc)
-        try:
-            target = self.kernel.update(time.monotonic_ns(), joints, frames, truth, skipped)
-        except Exception as exc:  # a kernel bug: hold the last approved target, say so
-            target = self.kernel.shield.last if self.kernel.torque_on else None
-            if self._error_log.allow(time.monotonic_ns()):
-                log.exception("kernel.update failed")
-                self._send({"k": "event", "name": "kernel_error", "error": repr(exc)[:300]})
-        if self.kernel.torque_on != self.torque:
-            try:
-                self.driver.torque(self.kernel.torque_on)
-                self.torque = self.kernel.torque_on
-            except Exception as exc:
-                self._driver_error("torque", exc)
-        if target is not None:
-            try:
-                self.driver.write(target)
-            except Exception as exc:
-                self._driver_error("write", exc)
+    def one_tick(self, tick: Tick) -> None:
+        """Everything the loop does at one deadline."""
+        self.hist.add(tick.lateness_ns)
+        if tick.sleep_lateness_ns is not None:
+            self.wake_hist.add(max(0, tick.sleep_lateness_ns))
+        if tick.overrun:
+            report = self._overruns.record(tick.woke_ns, tick.lateness_ns // self.ticker.period_ns)
+            if report is not None:
+                detail = {"overruns": report[0], "skipped": report[1]}
+                self.outbox.append(Event("overrun", self.kernel.counters.ticks, detail))
+        self.drain()
+        self.io.run(tick.woke_ns, tick.skipped)
+        if self._first:
+            self.outbox.append(Ready(os.getpid(), self.warnings))
+            self._first = False
+        if tick.index % self.stats_every == 0:
+            self.outbox.append(self.stats())
+        self.flush()
 
     def run(self) -> None:
         """The loop thread's body: returns when `stop` is set, the robot holding."""
-        self.warnings = enable_realtime(self.cfg.control.rt_priority, self.cfg.control.lock_memory)
-        for w in self.warnings:
-            self._send({"k": "event", "name": "rt_warning", "detail": w})
-        stats_every = max(1, round(self.cfg.control.stats_interval_s * self.cfg.control.hz))
-        overruns = OverrunLog()
+        c = self.cfg.control
+        self.warnings = enable_realtime(c.rt_priority, c.lock_memory)
         freeze_gc()
         self.ticker.start()
-        first = True
         while not self.stop.is_set():
-            tick = self.ticker.wait()
-            self.hist.add(tick.lateness_ns)
-            if tick.sleep_lateness_ns is not None:
-                self.wake_hist.add(max(0, tick.sleep_lateness_ns))
-            if tick.overrun:
-                report = overruns.record(tick.woke_ns, tick.lateness_ns // self.ticker.period_ns)
-                if report is not None:
-                    self._send(
-                        {
-                            "k": "event",
-                            "name": "overrun",
-                            "overruns": report[0],
-                            "skipped": report[1],
-                        }
-                    )
-            self._drain()
-            self._tick_io(tick.skipped)
-            if first:
-                self._send({"k": "ready", "pid": os.getpid(), "warnings": self.warnings})
-                first = False
-            if tick.index % stats_every == 0:
-                self._stats()
-        self._stats()
-        self._send({"k": "bye"})
+            self.one_tick(self.ticker.wait())
+        self.outbox.append(self.stats())
+        self.outbox.append(Bye())
+        self.flush()
 
     def run_guarded(self) -> None:
         try:
@@ -252,7 +307,9 @@ class ControlLane:
         except BaseException as exc:
             self.died = True
             log.exception("control loop died")
-            self._send({"k": "event", "name": "loop_died", "error": repr(exc)[:300]})
+            detail = {"error": repr(exc)[:300]}
+            self.outbox.append(Event("loop_died", self.kernel.counters.ticks, detail))
+            self.flush()
             raise
         finally:
             self.stop.set()
@@ -263,8 +320,7 @@ class ControlLane:
         finally:
             for ring in self.rings.values():
                 ring.close()
-            self.up.close()
-            self.down.close()
+            self.ports.close()
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -273,15 +329,15 @@ def main(argv: list[str] | None = None) -> int:
     die_with_parent()
     stop = install_stop_signals()
     try:
-        spec = json.loads(argv[0])
+        spec = msgspec.json.decode(argv[0], type=ControlSpec)
         lane = ControlLane(spec)
-    except (IndexError, ValueError, KeyError) as exc:
+    except (IndexError, ValueError, KeyError, msgspec.MsgspecError) as exc:
         print(f"robotd control: bad start-up spec: {exc}", file=sys.stderr)
         return 2
     except DriverFault as exc:
         print(f"robotd control: joint driver failed to open: {exc}", file=sys.stderr)
         return 3
-    lane.stop = stop  # a signal and an inbound "stop" end the loop the same way
+    lane.stop = stop  # a signal and an inbound Shutdown end the loop the same way
     thread = threading.Thread(target=lane.run_guarded, name="control-loop", daemon=True)
     thread.start()
     stop.wait()

@@ -9,23 +9,13 @@ the kernel first, so one set of limits covers every control mode.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
 
+from robotd.control.counters import ShieldCounters
+
 OK, CLIPPED, CLAMPED, REJECTED = "ok", "clipped", "clamped", "rejected"
-
-
-@dataclass(slots=True)
-class ShieldCounters:
-    clipped: int = 0
-    clamped: int = 0
-    rejected: int = 0
-    per_joint: dict[str, int] = field(default_factory=dict)
-
-    @property
-    def interventions(self) -> int:
-        return self.clipped + self.clamped + self.rejected
 
 
 @dataclass(slots=True)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Collection, Mapping
+from collections.abc import Callable, Collection
 from dataclasses import dataclass
 from typing import Any
 
@@ -12,9 +12,11 @@ import anyio
 
 from robotd.config import Config
 from robotd.contract import Actions, Observations
+from robotd.link.act import ActLink
+from robotd.link.chunks import ChunkLimits, ChunkRefused
 from robotd.link.client import Handshake, PolicyClient, PolicyError, observe_address
 from robotd.link.observe import UplinkLimits
-from robotd.link.session import ActLink, FrameSource, LinkCounters, StepRing, choose_contract
+from robotd.link.steps import LinkCounters, RingFrames, StepReader, StepRing
 from robotd.link.uplink import Uplink
 from robotd.link.windows import WindowPlanner
 from robotd.shm import FrameRing
@@ -50,6 +52,10 @@ async def hello(
             client.timeout_s = cfg.policy.timeout_s
             return client, handshake
         except (TimeoutError, PolicyError) as exc:
+            if isinstance(exc, PolicyError) and exc.code == "bad_reply":
+                # A worker that answers, wrongly, will not answer better on a retry.
+                await client.close()
+                raise StartupError(f"policy worker at {endpoint}: {exc}") from None
             failed = worker_failed()
             if failed:
                 await client.close()
@@ -60,6 +66,23 @@ async def hello(
                     f"policy worker at {endpoint} did not answer hello: {exc}"
                 ) from None
             await anyio.sleep(0.2)
+
+
+def choose_contract(
+    worker: Observations | None, configured: Observations | None
+) -> Observations | None:
+    """The worker's declared contract wins; the config's serves servers that cannot declare."""
+    if worker is not None and configured is not None:
+        from robotd.contract import differences
+
+        diff = differences(configured, worker)
+        if diff:
+            log.warning(
+                "the config's observation contract differs from the worker's (the worker's "
+                "is used): %s",
+                "; ".join(diff),
+            )
+    return worker if worker is not None else configured
 
 
 def contract_in_force(cfg: Config, hs: Handshake) -> tuple[Observations | None, Actions | None]:
@@ -83,27 +106,33 @@ async def connect_policy(
     *,
     steps: StepRing,
     rings: dict[str, FrameRing],
-    send_down: Callable[[dict[str, Any]], None],
+    send_down: Callable[[Any], None],
     worker_failed: Callable[[], str],
 ) -> PolicyLink:
     """Hello, then the window planner, the uploads (when the worker has an observe
     endpoint) and the act link, sized to the contract in force."""
     client, hs = await hello(cfg, endpoint, worker_failed)
     obs, actions = contract_in_force(cfg, hs)
+    limits = ChunkLimits(max_rows=cfg.policy.max_chunk_rows, dim=len(cfg.joints.names))
+    try:
+        limits.check_hz(actions.hz if actions is not None else None, cfg.control.hz)
+    except ChunkRefused as exc:
+        await client.close()
+        raise StartupError(f"policy worker at {endpoint}: {exc}") from None
     resolved = obs.resolve(cfg.control.hz) if obs is not None else None
     planner = WindowPlanner(resolved, cfg.observation_keys)
     steps.keep = planner.lookback + 2 * int(cfg.control.hz) + 16
     counters = LinkCounters()
-    uplink = make_uplink(cfg, hs, endpoint, obs, planner, actions, steps, rings, counters)
+    reader = StepReader(steps, RingFrames(rings))
+    uplink = make_uplink(cfg, hs, endpoint, obs, planner, actions, reader, counters)
     link = ActLink(
         client,
         planner,
-        steps,
-        FrameSource(rings),
+        reader,
         send_down,
         control_hz=cfg.control.hz,
         actions=actions,
-        camera_names=set(cfg.cameras),
+        limits=limits,
         uplink=uplink,
         stream_wait_s=cfg.policy.stream_wait_s,
         counters=counters,
@@ -124,8 +153,7 @@ def make_uplink(
     obs: Observations | None,
     planner: WindowPlanner,
     actions: Actions | None,
-    steps: StepRing,
-    rings: Mapping[str, FrameRing],
+    reader: StepReader,
     counters: LinkCounters,
 ) -> Uplink | None:
     """The daemon's uplink to the worker that said `hello`, or None if it offers no observe
@@ -153,8 +181,7 @@ def make_uplink(
     return Uplink(
         observe_address(observe, act_endpoint),
         planner,
-        steps,
-        rings,
+        reader,
         {k: s.camera for k, s in streams.items() if k in cfg.cameras},
         counters,
         timing=c.timing,

@@ -31,7 +31,7 @@ import zmq
 import zmq.asyncio
 
 from robotd import wire
-from robotd.link.session import LinkCounters
+from robotd.link.steps import LinkCounters
 
 log = logging.getLogger("robotd.link")
 
@@ -137,7 +137,7 @@ class ObserveConnection:
     # ---- what the uplink hands it -----------------------------------------------------------
 
     def post(self, wep: str, step: int, values: dict, frames: dict, *, urgent: bool) -> None:
-        """Queue a post of `values` and encoded `frames` (robotd.link.fit.to_wire) at `step`."""
+        """Queue a post of `values` and encoded `frames` (robotd.frames.to_wire) at `step`."""
         self._rid += 1
         body = wire.packb(
             {
@@ -344,7 +344,7 @@ class ObserveConnection:
             try:
                 reply = wire.unpackb(data)
                 rid = reply.get("id") if isinstance(reply, dict) else None
-                post = self._unacked.pop(rid) if isinstance(rid, int) else None
+                post = self._unacked.pop(rid, None) if isinstance(rid, int) else None
             except (wire.WireError, TypeError):
                 post = None
             if post is None:

@@ -35,11 +35,11 @@ import anyio
 import numpy as np
 
 from robotd.contract import Camera
-from robotd.link.fit import FrameError, fit_and_encode, to_wire
+from robotd.frames import FrameError, fit_and_encode, to_wire
+from robotd.lane.messages import Merged, Step
 from robotd.link.observe import ObserveConnection, Signal, UplinkLimits
-from robotd.link.session import FrameLost, LinkCounters, StepRing, step_value
+from robotd.link.steps import FrameLost, LinkCounters, StepReader
 from robotd.link.windows import WindowPlanner
-from robotd.shm import FrameRing
 
 __all__ = ["Uplink", "UplinkLimits"]
 
@@ -77,8 +77,7 @@ class Uplink:
         self,
         endpoint: str,
         planner: WindowPlanner,
-        steps: StepRing,
-        rings: Mapping[str, FrameRing],
+        reader: StepReader,
         cameras: Mapping[str, Camera | None],
         counters: LinkCounters,
         *,
@@ -90,8 +89,7 @@ class Uplink:
         when_behind: Literal["wait", "drop_oldest"] = "wait",
     ) -> None:
         self.planner = planner
-        self.steps = steps
-        self.rings = rings
+        self.reader = reader
         self.cameras = cameras
         self.counters = counters
         self.timing, self.olh = timing, open_loop_horizon
@@ -107,10 +105,10 @@ class Uplink:
 
     # ---- what the main process tells it -----------------------------------------------------
 
-    def on_step(self, rec: Mapping[str, Any]) -> None:
+    def on_step(self, rec: Step) -> None:
         """A step was made: send what the next act will read of it."""
-        ep = self._episode(str(rec["wep"]))
-        s = int(rec["s"])
+        ep = self._episode(rec.wep)
+        s = rec.s
         ep.newest = max(ep.newest, s)
         if ep.first is None:
             ep.first = s
@@ -119,7 +117,7 @@ class Uplink:
         if target is not None and s <= target:
             keys |= self.planner.needed(target, ep.last_act).get(s, frozenset())
         if keys:
-            self._choose(ep, s, keys, rec, urgent=False)
+            self._choose(ep, s, keys, urgent=False)
 
     def on_ask(self, wep: str, step: int, queue: int) -> None:
         """The control lane asked an act at `step` with `queue` rows left."""
@@ -127,18 +125,18 @@ class Uplink:
         ep.prev_act = ep.last_act
         ep.last_act, ep.predicted, ep.ask_step, ep.ask_queue = step, None, step, queue
 
-    def on_chunk(self, msg: Mapping[str, Any]) -> None:
+    def on_chunk(self, msg: Merged) -> None:
         """The chunk answering the last act was merged ({"wep", "from", "at", "rows",
         "dropped", "stale"}): the next ask is known; its window steps made so far go up."""
-        ep = self._eps.get(str(msg.get("wep")))
-        if ep is None or ep.last_act is None or msg.get("from") != ep.last_act:
+        ep = self._eps.get(msg.wep)
+        if ep is None or ep.last_act is None or msg.from_step != ep.last_act:
             return
-        at, rows, dropped = int(msg["at"]), int(msg["rows"]), int(msg.get("dropped", 0))
+        at, rows, dropped = msg.at, msg.rows, msg.dropped
         if self.timing == "sync":
             ep.predicted = at + (rows if self.olh is None else min(rows, self.olh))
         else:
             left = max(0, ep.ask_queue - (at - ep.ask_step))
-            if msg.get("stale"):
+            if msg.stale:
                 queued = left
             elif self.merge == "ensemble":
                 queued = max(rows - dropped, left)
@@ -150,7 +148,7 @@ class Uplink:
             return
         for step, keys in self.planner.needed(ep.predicted, ep.last_act).items():
             if step <= ep.newest:
-                self._choose(ep, step, set(keys), self.steps.get(ep.wep, step), urgent=False)
+                self._choose(ep, step, set(keys), urgent=False)
 
     def ensure(self, wep: str, needed: Mapping[int, frozenset[str]]) -> None:
         """Just before an act: send what its window reads and has not gone up, and move what
@@ -168,8 +166,7 @@ class Uplink:
             self._job_ready.set()
         self.conn.promote(wep, needed)
         for step, keys in needed.items():
-            rec = self.steps.get(wep, step)
-            self.mispredicted += self._choose(ep, step, set(keys), rec, urgent=True)
+            self.mispredicted += self._choose(ep, step, set(keys), urgent=True)
 
     def settled(self, wep: str, step: int, handed: bool) -> None:
         """The act at `step` is over; `handed`: it reached the policy (answered, or failed
@@ -183,7 +180,7 @@ class Uplink:
         for s in range(step + 1, ep.newest + 1):
             keys = set(self.planner.every_keys_at(s, ep.last_act))
             if keys:
-                self._choose(ep, s, keys, self.steps.get(wep, s), urgent=False)
+                self._choose(ep, s, keys, urgent=False)
 
     async def inline(self, wep: str, wanted: list[tuple[int, str]]) -> list[dict[str, Any]]:
         """Uploads for the act itself ({"step", "values", "frames"}), read back from the
@@ -193,7 +190,8 @@ class Uplink:
             by_step.setdefault(step, set()).add(key)
         jobs = []
         for step, keys in sorted(by_step.items()):
-            values, pixels, lost = self._read(self.steps.get(wep, step), keys)
+            got = self.reader.read(wep, step, keys)
+            values, pixels, lost = got.values, got.frames, got.lost
             if lost:
                 what = "; ".join(f"{k!r}: {why}" for k, why in lost)
                 raise FrameLost(f"step {step}: {what}")
@@ -252,7 +250,6 @@ class Uplink:
         ep: _Episode,
         step: int,
         keys: set[str],
-        rec: Mapping[str, Any] | None,
         *,
         urgent: bool,
     ) -> int:
@@ -264,7 +261,8 @@ class Uplink:
         if not keys:
             return 0
         sent |= keys
-        values, pixels, lost = self._read(rec, keys)
+        got = self.reader.read(ep.wep, step, keys)
+        values, pixels, lost = got.values, got.frames, got.lost
         by_reason: dict[str, list[str]] = {}
         for key, why in lost:
             by_reason.setdefault(why, []).append(key)
@@ -274,32 +272,6 @@ class Uplink:
             self._jobs[0 if urgent else 1].append(_Job(ep.wep, step, values, pixels))
             self._job_ready.set()
         return len(keys)
-
-    def _read(
-        self, rec: Mapping[str, Any] | None, keys: set[str]
-    ) -> tuple[dict[str, Any], dict[str, np.ndarray], list[tuple[str, str]]]:
-        """(values, frame copies, (key, why) lost) of a step record; frames from the rings."""
-        values: dict[str, Any] = {}
-        pixels: dict[str, np.ndarray] = {}
-        lost: list[tuple[str, str]] = []
-        for key in sorted(keys):
-            if rec is None:
-                lost.append((key, "step no longer held robot-side"))
-            elif key in self.rings:
-                ref = (rec.get("cams") or {}).get(key)
-                got = self.rings[key].read(int(ref[0])) if ref is not None else None
-                if ref is None:
-                    lost.append((key, "the camera had no frame at that step"))
-                elif got is None:
-                    lost.append((key, "frame overwritten in its camera ring before it was read"))
-                else:
-                    pixels[key] = got[0]
-            else:
-                try:
-                    values[key] = step_value(rec, key)
-                except (KeyError, TypeError, ValueError) as err:
-                    lost.append((key, f"not in the step record ({err})"))
-        return values, pixels, lost
 
     def _refused(self, wep: str, step: int, keys: list[str]) -> None:
         """The worker keeps none of a post: its keys may go up again (or inline)."""
@@ -311,7 +283,8 @@ class Uplink:
     def _skip(self, wep: str, step: int, keys: list[str], reason: str) -> None:
         if wep not in self._eps:  # the episode ended: the worker forgot it
             return
-        self.conn.skip(wep, step, keys, sum(k in self.rings for k in keys), reason)
+        frames = sum(self.reader.frames.has(k) for k in keys)
+        self.conn.skip(wep, step, keys, frames, reason)
 
     def _encode(self, job: _Job) -> dict[str, Any]:
         """Fit and encode a job's frames (in a worker thread: cv2 releases the GIL)."""

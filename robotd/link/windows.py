@@ -1,5 +1,5 @@
-"""Window planning (SPEC §2, §4): which steps an act reads, which keys at each step, which
-steps to upload ahead, and when the next act is likely asked. Pure logic, no I/O.
+"""Window planning (SPEC §2, §4): which steps an act reads, and which keys at each step.
+Pure logic, no I/O; the uplink asks it what the next act will read.
 
 An act asked at step `t` (the previous act of the same worker-side episode at `prev_act`,
 None for its first act) reads:
@@ -14,10 +14,9 @@ The act's own step `t` is always in the window, last, even when no stream reads 
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any
 
 from robotd.contract import ContractError, ResolvedObservations
 
@@ -117,10 +116,6 @@ class WindowPlanner:
         """Recorded step -> keys the act at `t` reads from it (what must have been uploaded)."""
         return self.plan(t, prev_act).needed()
 
-    def steps_needed(self, t: int, prev_act: int | None) -> set[int]:
-        """The non-negative source steps the act at `t` reads at least one key from."""
-        return set(self.needed(t, prev_act))
-
     def every_keys_at(self, step: int, last_act: int | None) -> tuple[str, ...]:
         """Every-stream keys the next act will read at `step` (step > last_act, the latest
         act asked), known as soon as the step is made, before the next act's step is known.
@@ -142,88 +137,3 @@ def assemble(window: Window, lookup: Callable[[int, str], Any]) -> dict[str, lis
         ],
         "steps": list(window.steps),
     }
-
-
-def predict_next_ask_sync(
-    prev_act: int, open_loop_horizon: int, chunk_len: int | None = None
-) -> int:
-    """Sync mode, exact: the world waits for each act, its chunk plays from `prev_act` for
-    min(horizon, chunk length) steps, and the next act is asked when the queue is empty."""
-    if open_loop_horizon < 1:
-        raise ValueError(f"open_loop_horizon {open_loop_horizon} must be >= 1")
-    rows = open_loop_horizon if chunk_len is None else min(open_loop_horizon, chunk_len)
-    return prev_act + max(rows, 1)
-
-
-def predict_next_ask_realtime(
-    now: int,
-    queue_len: int,
-    refill_steps: int,
-    *,
-    in_flight_from: int | None = None,
-    latency_steps: float = 0.0,
-    chunk_len: int | None = None,
-) -> int:
-    """Realtime mode, a prediction. The rule assumed: at each step, after merging any
-    arrived chunk and before popping that step's row, an act is asked when no act is in
-    flight and at most `refill_steps` rows are queued.
-
-    now: the current step; queue_len: rows queued at `now` (before its pop).
-    in_flight_from: the step an act in flight was asked from (None: none in flight); its
-    chunk (`chunk_len` rows, row i for step s + i) is expected `latency_steps` after it,
-    merged at the first step at or after that (never before `now`), with its rows in the
-    past dropped. Unknown chunk_len: the arrival step itself is predicted.
-    """
-    if in_flight_from is None:
-        return now + max(0, queue_len - refill_steps)
-    arrive = max(now, in_flight_from + math.ceil(max(latency_steps, 0.0)))
-    if chunk_len is None:
-        return arrive
-    left = max(0, chunk_len - (arrive - in_flight_from))
-    return arrive + max(0, left - refill_steps)
-
-
-def predict_next_ask(
-    mode: Literal["sync", "realtime"],
-    *,
-    now: int,
-    prev_act: int | None,
-    queue_len: int = 0,
-    open_loop_horizon: int | None = None,
-    refill_steps: int = 0,
-    in_flight_from: int | None = None,
-    latency_steps: float = 0.0,
-    chunk_len: int | None = None,
-) -> int:
-    """Dispatch to predict_next_ask_sync (needs prev_act and open_loop_horizon; the first
-    act of an episode is asked at `now`) or predict_next_ask_realtime."""
-    if mode == "sync":
-        if prev_act is None:
-            return now
-        if open_loop_horizon is None:
-            raise ValueError("sync prediction needs open_loop_horizon")
-        return max(now, predict_next_ask_sync(prev_act, open_loop_horizon, chunk_len))
-    if mode == "realtime":
-        return predict_next_ask_realtime(
-            now,
-            queue_len,
-            refill_steps,
-            in_flight_from=in_flight_from,
-            latency_steps=latency_steps,
-            chunk_len=chunk_len,
-        )
-    raise ValueError(f"mode {mode!r} must be 'sync' or 'realtime'")
-
-
-def upload_plan(planner: WindowPlanner, predicted_t: int, prev_act: int | None) -> set[int]:
-    """The recorded steps to upload ahead for the act predicted at `predicted_t` (whose
-    previous act is `prev_act`). The caller sends each as it is made and skips any sent."""
-    return planner.steps_needed(predicted_t, prev_act)
-
-
-def upload_keys_plan(
-    planner: WindowPlanner, predicted_t: int, prev_act: int | None
-) -> dict[int, frozenset[str]]:
-    """Like upload_plan, with the keys to send at each step (a camera frame only goes up at
-    the steps some window reads it)."""
-    return planner.needed(predicted_t, prev_act)

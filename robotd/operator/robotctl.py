@@ -65,27 +65,27 @@ class ControlClient:
         self.sock.close(linger=0)
 
 
-def estop_direct(control_endpoint: str, reason: str = "") -> bool:
-    """Push an e-stop straight into the control lane's inbound socket (beside control.sock)."""
+def estop_direct(control_endpoint: str, reason: str = "", timeout_s: float = 1.0) -> bool:
+    """Send an e-stop straight to the control lane's own socket (lane.sock, beside
+    control.sock) and wait for its acknowledgement; False when none comes (no lane there)."""
+    from robotd.lane import codec
+    from robotd.lane.messages import Estop, Reply
+
     if not control_endpoint.startswith("ipc://"):
         return False
     lane = Path(control_endpoint.removeprefix("ipc://")).parent / "lane.sock"
     if not lane.exists():
         return False
-    sock = zmq.Context.instance().socket(zmq.PUSH)
-    sock.setsockopt(zmq.LINGER, 1000)
-    sock.setsockopt(zmq.SNDTIMEO, 1000)
+    sock = zmq.Context.instance().socket(zmq.DEALER)
+    sock.setsockopt(zmq.LINGER, 0)
     try:
         sock.connect(f"ipc://{lane}")
-        msg = {
-            "k": "cmd",
-            "id": None,
-            "cmd": "estop",
-            "args": {"reason": reason or "robotctl direct"},
-        }
-        sock.send(wire.packb(msg))
-        return True
-    except zmq.ZMQError:
+        sock.send(codec.encode(Estop(1, reason or "robotctl direct")), zmq.NOBLOCK)
+        if not sock.poll(int(timeout_s * 1000)):
+            return False
+        reply = codec.decode_up(sock.recv())
+        return isinstance(reply, Reply) and reply.ok
+    except (zmq.ZMQError, codec.LaneError):
         return False
     finally:
         sock.close()

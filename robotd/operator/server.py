@@ -22,6 +22,8 @@ import zmq.asyncio
 
 from robotd import wire
 from robotd.config import Config
+from robotd.runtime.bridge import LaneBusy
+from robotd.runtime.view import DaemonView, LaneCommands
 
 log = logging.getLogger("robotd.operator")
 
@@ -89,13 +91,20 @@ def parse_request(data: bytes) -> tuple[Any, str, dict[str, Any]]:
 
 
 class OperatorServer:
-    """Serves operator requests against a running Daemon."""
+    """Serves operator requests: reads through the daemon's view, commands the lane."""
 
-    def __init__(self, daemon: Any, cfg: Config, run_dir: Path) -> None:
-        self.d = daemon
+    def __init__(
+        self,
+        view: DaemonView,
+        lane: LaneCommands,
+        cfg: Config,
+        run_dir: Path,
+        ctx: zmq.asyncio.Context,
+    ) -> None:
+        self.view = view
+        self.lane = lane
         self.cfg = cfg
         self.control_ep, self.telemetry_ep = endpoints(cfg, run_dir)
-        ctx = daemon.ctx
         self.sock = ctx.socket(zmq.ROUTER)
         self.sock.setsockopt(zmq.LINGER, 0)
         self.pub = ctx.socket(zmq.PUB)
@@ -134,21 +143,26 @@ class OperatorServer:
             reply = {"id": rid, "ok": False, "error": {"code": exc.code, "message": str(exc)}}
         except TimeoutError as exc:
             reply = {"id": rid, "ok": False, "error": {"code": "timeout", "message": str(exc)}}
+        except LaneBusy as exc:
+            reply = {"id": rid, "ok": False, "error": {"code": "busy", "message": str(exc)}}
         await self.sock.send_multipart([ident, wire.packb(reply)])
 
     async def handle(self, cmd: str, args: dict[str, Any]) -> Any:
-        d = self.d
+        v = self.view
         if cmd in LANE_COMMANDS:
             log.info("operator: %s %s", cmd, args or "")
-            reply = await d.control_command(cmd, args)
-            if not reply.get("ok"):
-                err = reply.get("error") or {}
-                raise RequestError(err.get("code", "refused"), err.get("message", "refused"))
-            return reply.get("result")
+            reason = args.get("reason", "")
+            task = args.get("task", "")
+            if not isinstance(reason, str) or not isinstance(task, str):
+                raise RequestError("bad_args", "args.reason and args.task must be strings")
+            reply = await self.lane.command(cmd, reason=reason[:500], task=task[:2000])
+            if not reply.ok:
+                raise RequestError(reply.code or "refused", reply.message or "refused")
+            return v.state()
         if cmd == "status":
-            return {**d.state, "run_id": d.run_id, "robot": self.cfg.robot.name}
+            return {**v.state(), "run_id": v.run_id, "robot": v.robot, "link": v.link()}
         if cmd == "stats":
-            return d.summary.to_dict()
+            return v.summary.to_dict()
         if cmd == "params":
             return self.cfg.model_dump(mode="json")
         if cmd == "verdict":
@@ -159,12 +173,12 @@ class OperatorServer:
             if not isinstance(notes, str):
                 raise RequestError("bad_args", "verdict args.notes must be a string")
             verdict = {
-                "episode": d.state.get("episode", 0),
+                "episode": v.state().get("episode", 0),
                 "success": success,
                 "notes": notes,
                 "time": time.time(),
             }
-            d.summary.verdicts.append(verdict)
+            v.summary.verdicts.append(verdict)
             log.info("verdict %s", verdict)
             return verdict
         raise RequestError("unknown_command", cmd)  # unreachable: parse_request checked
@@ -174,13 +188,13 @@ class OperatorServer:
         try:
             while True:
                 await anyio.sleep(period)
-                s = self.d.summary
+                s = self.view.summary
                 msg = {
-                    "state": self.d.state,
+                    "state": self.view.state(),
                     "hz": s.measured_hz(),
                     "lateness_us": s.lateness(),
                     "counters": {
-                        **{k: s.stats.get(k, 0) for k in TELEMETRY_COUNTERS},
+                        **{k: s.count(k) for k in TELEMETRY_COUNTERS},
                         **s.uploads(),
                     },
                     "ask_latency": s.ask_latency(),

@@ -44,7 +44,7 @@ from typing import Any
 import numpy as np
 
 from robotd.contract import Actions, Observations
-from robotd.link.fit import FrameError, decode
+from robotd.frames import FrameError, decode
 from robotd.worker.store import DecodeBudget, Frame
 
 log = logging.getLogger("robotd.worker")

@@ -144,7 +144,7 @@ def is_int(value: Any) -> bool:
 
 def post_values(values: Any, frames: Any) -> dict[str, Any]:
     """The keys of one upload: plain `values` as they are, `frames` (encoded camera frames,
-    robotd.link.fit.to_wire) wrapped as Frame, to be decoded on the policy thread."""
+    robotd.frames.to_wire) wrapped as Frame, to be decoded on the policy thread."""
     values = {} if values is None else values
     frames = {} if frames is None else frames
     for name, given in (("values", values), ("frames", frames)):

@@ -76,7 +76,7 @@ class DecodeBudget:
 
 
 class Frame:
-    """An encoded camera frame as it travelled (robotd.link.fit.to_wire).
+    """An encoded camera frame as it travelled (robotd.frames.to_wire).
 
     Decoded at most once ahead of the acts that read it, on the worker's decoder thread
     (`ahead`, within a DecodeBudget given back when the frame is gone), read-only; the

@@ -10,15 +10,15 @@ from __future__ import annotations
 import logging
 import os
 import sys
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 import anyio
 from anyio.abc import Process
 
-from robotd.procutil import PARENT_ENV
+from robotd.runtime.procutil import PARENT_ENV
 
-log = logging.getLogger("robotd.supervisor")
+log = logging.getLogger("robotd.runtime.supervisor")
 
 ExitHandler = Callable[["Child", int], Awaitable[bool]]
 
@@ -30,6 +30,7 @@ class Child:
     name: str
     argv: Sequence[str]
     on_exit: ExitHandler | None = None
+    env: Mapping[str, str] = field(default_factory=dict)  # on top of this process's
     restart_delay_s: float = 1.0
     process: Process | None = None
     restarts: int = 0
@@ -51,7 +52,7 @@ class Supervisor:
         return child
 
     async def _spawn(self, child: Child) -> None:
-        env = {**os.environ, PARENT_ENV: str(os.getpid())}
+        env = {**os.environ, **child.env, PARENT_ENV: str(os.getpid())}
         child.process = await anyio.open_process(
             list(child.argv), stdin=None, stdout=None, stderr=None, env=env
         )

@@ -7,6 +7,8 @@ from typing import Any
 
 import anyio
 
+from robotd.runtime.view import DaemonView
+
 
 def format_status(stats: dict[str, Any], state: dict[str, Any], hz: float, p99_us: float) -> str:
     return (
@@ -20,13 +22,13 @@ def format_status(stats: dict[str, Any], state: dict[str, Any], hz: float, p99_u
 class StatusLine:
     """Redraws one line on a terminal; prints a line every 10 s when not a terminal."""
 
-    def __init__(self, daemon: Any) -> None:
-        self.d = daemon
+    def __init__(self, view: DaemonView) -> None:
+        self.view = view
         self.tty = sys.stderr.isatty()
 
     def line(self) -> str:
-        s = self.d.summary
-        return format_status(s.stats, self.d.state, s.measured_hz(), s.lateness()["p99"])
+        s = self.view.summary
+        return format_status(s.totals, self.view.state(), s.measured_hz(), s.lateness()["p99"])
 
     async def run(self) -> None:
         try:

@@ -1,6 +1,6 @@
 """One camera's process: capture frames into a shared-memory ring until told to stop.
 
-    python -m robotd.camera_proc '{"name": "top", "driver": "sim", "width": 640,
+    python -m robotd.runtime.camera_proc '{"name": "top", "driver": "sim", "width": 640,
         "height": 480, "fps": 30, "options": {"view": "top"},
         "ring": "robotd-<run>-top", "shm_prefix": "robotd-<run>-"}'
 
@@ -35,12 +35,12 @@ from drivers.base import (
     CameraSpec as Geometry,
 )
 from robotd.errors import one_line
-from robotd.procutil import die_with_parent, install_stop_signals, sleep_until
+from robotd.runtime.procutil import die_with_parent, install_stop_signals, sleep_until
 from robotd.shm import FrameRing, ShmError
 
 EXIT_OK, EXIT_USAGE, EXIT_DRIVER = 0, 2, 3
 MAX_ERRORS_IN_A_ROW = 10  # frame errors the loop tolerates before giving up (exit 3)
-_PROG = "robotd.camera_proc"
+_PROG = "robotd.runtime.camera_proc"
 
 
 class UsageError(Exception):

@@ -1,0 +1,85 @@
+"""One control tick, the same for the wall clock and the virtual clock (ros2_control's
+read → update → write): read the joints → take each camera's newest frame reference →
+kernel.update → switch torque if the kernel changed it → write the target, guarded.
+
+Any exception from a driver (not only DriverFault: a serial OSError, a bug in a plugin)
+is a failed operation this tick, reported through `on_error`, never the end of the loop;
+an exception from the kernel holds the last approved target.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+
+import numpy as np
+
+from drivers.base import JointDriver
+from robotd.control.kernel import Kernel
+from robotd.lane.messages import FrameRef
+
+FrameRefs = Callable[[], Mapping[str, FrameRef | None]]
+OnError = Callable[[str, BaseException], None]
+
+
+class TickIO:
+    """Binds a kernel to its joint driver and frame references; `run` is one tick.
+
+    `frames()` returns each camera's newest frame reference (the control lane reads the
+    rings' index; the virtual rig its own captures). `on_error(op, exc)` hears every failed
+    driver operation ("read", "ground_truth", "torque", "write") and kernel error ("kernel").
+    `written` is the target written by the last tick (None when nothing was).
+    """
+
+    def __init__(
+        self, kernel: Kernel, driver: JointDriver, frames: FrameRefs, on_error: OnError
+    ) -> None:
+        self.kernel = kernel
+        self.driver = driver
+        self.frames = frames
+        self.on_error = on_error
+        self.torque = kernel.torque_on
+        self.has_truth = False
+        self.written: np.ndarray | None = None
+
+    def start(self) -> None:
+        """Before the first tick: hold where the joints are (the driver anchors its target
+        on torque on) and find out whether the driver reports ground truth."""
+        self.driver.torque(self.kernel.torque_on)
+        self.torque = self.kernel.torque_on
+        self.has_truth = bool(self.driver.ground_truth())
+
+    def run(self, now_ns: int, skipped: int = 0) -> np.ndarray | None:
+        """One tick at `now_ns`, `skipped` deadlines after the previous one; the target
+        written (None when nothing was)."""
+        kernel, driver = self.kernel, self.driver
+        try:
+            joints = driver.read()
+        except Exception as exc:
+            joints = None
+            self.on_error("read", exc)
+        frames = self.frames()
+        truth = None
+        if self.has_truth and joints is not None:
+            try:
+                truth = driver.ground_truth()
+            except Exception as exc:
+                self.on_error("ground_truth", exc)
+        try:
+            target = kernel.update(now_ns, joints, frames, truth, skipped)
+        except Exception as exc:  # a kernel bug: hold the last approved target, say so
+            target = kernel.shield.last if kernel.torque_on else None
+            self.on_error("kernel", exc)
+        if kernel.torque_on != self.torque:
+            try:
+                driver.torque(kernel.torque_on)
+                self.torque = kernel.torque_on
+            except Exception as exc:
+                self.on_error("torque", exc)
+        self.written = None
+        if target is not None:
+            try:
+                driver.write(target)
+                self.written = target
+            except Exception as exc:
+                self.on_error("write", exc)
+        return self.written

@@ -1,0 +1,276 @@
+"""Every message between the main process and the control process, typed once.
+
+Down (main → control, on the lane's private socket): `ChunkRows` (the rows of a chunk
+that answers an ask), `Command` (an operator command, already validated and bounded),
+`ActFailed`, `EpisodeLost`, `Contract`, `Shutdown`. The e-stop socket (lane.sock, open
+to the robot's group) takes `Estop` and nothing else.
+
+Up (control → main): `Step` (one per control tick: the observation made and, filled in at
+the end of the tick, what was done with it), `Ask`, `Merged` (the report of a chunk
+merged into the queue), `Stats`, `Status`, `Reply`, `Event`, `Ready`, `Bye`.
+
+Each is a msgspec Struct tagged by its field "k"; robotd.lane.codec encodes and decodes
+them (msgpack on the wire), and decoding validates every field against these types and
+bounds, so a malformed message is refused with a reason and never reaches the loop.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal
+
+import msgspec
+import numpy as np
+
+from robotd.control.counters import Counters, QueueCounters, ShieldCounters
+from robotd.control.histogram import HistogramData
+
+MAX_JOINTS = 64
+MAX_ROWS = 4096  # the lane's own bound; the link refuses far less (policy.max_chunk_rows)
+MAX_CAMERAS = 32
+MAX_TEXT = 500
+MAX_TASK = 2000
+MAX_ID = 256
+MAX_DETAIL = 32
+
+Text = Annotated[str, msgspec.Meta(max_length=MAX_TEXT)]
+Ident = Annotated[str, msgspec.Meta(max_length=MAX_ID)]
+Step_ = Annotated[int, msgspec.Meta(ge=0)]
+Vector = Annotated[list[float], msgspec.Meta(max_length=MAX_JOINTS)]
+FrameRef = tuple[int, int]  # (frame index in the camera's ring, capture time ns)
+Scalar = str | int | float | bool | None
+
+
+class _Msg(msgspec.Struct, tag_field="k", forbid_unknown_fields=True):
+    """Base of every lane message (the tag field "k" names its kind)."""
+
+
+# ---- arrays ------------------------------------------------------------------------------
+
+
+class Rows(msgspec.Struct, array_like=True, forbid_unknown_fields=True):
+    """A (n, dim) float64 array as raw little-endian bytes (no per-element work)."""
+
+    n: Annotated[int, msgspec.Meta(ge=1, le=MAX_ROWS)]
+    dim: Annotated[int, msgspec.Meta(ge=1, le=MAX_JOINTS)]
+    data: bytes
+
+    @classmethod
+    def of(cls, rows: np.ndarray) -> Rows:
+        """Rows of a 2-D array (copied to little-endian float64 C order)."""
+        a = np.ascontiguousarray(rows, dtype="<f8")
+        if a.ndim != 2:
+            raise ValueError(f"Rows.of: need a 2-D array, got shape {a.shape}")
+        return cls(int(a.shape[0]), int(a.shape[1]), a.tobytes())
+
+    def array(self) -> np.ndarray:
+        """The rows as a read-only (n, dim) float64 view; ValueError if the byte count is
+        not n * dim * 8."""
+        if len(self.data) != self.n * self.dim * 8:
+            raise ValueError(
+                f"rows: {len(self.data)} bytes for {self.n} x {self.dim} float64 "
+                f"(need {self.n * self.dim * 8})"
+            )
+        return np.frombuffer(self.data, dtype="<f8").reshape(self.n, self.dim)
+
+
+# ---- down: main → control ------------------------------------------------------------------
+
+
+class ChunkRows(_Msg, tag="rows"):
+    """The chunk answering ask `ask`: row i computed from step `s` of worker episode
+    `wep` is meant for step s + i (already at the control rate)."""
+
+    ask: int
+    wep: Ident
+    s: Step_
+    rows: Rows
+
+
+CommandName = Literal["status", "start", "stop", "estop", "clear_fault", "reset_done"]
+
+
+class Command(_Msg, tag="cmd"):
+    """An operator command for the control lane; answered by a `Reply` with the same id."""
+
+    id: int
+    cmd: CommandName
+    reason: Text = ""  # estop: why
+    task: Annotated[str, msgspec.Meta(max_length=MAX_TASK)] = ""  # start: the task text
+
+
+class ActFailed(_Msg, tag="act_failed"):
+    """The act answering ask `ask` failed; the lane backs off before asking again."""
+
+    ask: int
+    reason: Text
+
+
+class EpisodeLost(_Msg, tag="episode_lost"):
+    """The worker's copy of the policy holding the episode is gone (or a new worker):
+    the lane goes on in a new worker-side episode."""
+
+    cause: Text
+
+
+class Contract(_Msg, tag="contract"):
+    """The action contract in force: sync plays at most this many rows of a chunk."""
+
+    open_loop_horizon: Annotated[int, msgspec.Meta(ge=1)] | None = None
+
+
+class Shutdown(_Msg, tag="stop"):
+    """Stop the loop (the robot holds), send the last stats and `Bye`, exit."""
+
+
+class Estop(_Msg, tag="estop"):
+    """The only message lane.sock takes: latch the e-stop. Answered by a `Reply` with the
+    same id."""
+
+    id: int | None = None
+    reason: Text = ""
+
+
+DownMsg = ChunkRows | Command | ActFailed | EpisodeLost | Contract | Shutdown
+
+
+# ---- up: control → main --------------------------------------------------------------------
+
+
+class Step(_Msg, tag="step"):
+    """Step `s` of worker episode `wep` (operator episode `ep`), made at tick time `t` (ns).
+
+    The observation: joint positions and velocities, each camera's newest frame reference
+    (None: no frame yet), `ok` False when a camera's frame was too old (no act is asked
+    from it), `skipped` for a step an overrun or a failed read skipped (it repeats the
+    last record), `gt` the simulator's ground truth. What was done: `target` written (None:
+    nothing written), `held` (no row to play, or a rejected one), `shield` the shield's
+    outcome ("" when the row passed untouched).
+    """
+
+    ep: int
+    wep: Ident
+    s: Step_
+    t: int
+    pos: Vector
+    vel: Vector
+    cams: Annotated[dict[str, FrameRef | None], msgspec.Meta(max_length=MAX_CAMERAS)]
+    ok: bool
+    skipped: bool = False
+    gt: dict[str, float] | None = None
+    target: Vector | None = None
+    held: bool = False
+    shield: Literal["", "clipped", "clamped", "rejected"] = ""
+
+
+class Ask(_Msg, tag="ask"):
+    """Act `id`: a chunk computed from step `s`, asked with `queue` rows left."""
+
+    id: int
+    wep: Ident
+    s: Step_
+    ep: int
+    queue: int
+
+
+class Merged(_Msg, tag="merged"):
+    """The chunk answering ask `ask` (computed from `from_step`) was merged at step `at`:
+    `rows` rows, `dropped` of them already past, `stale` when all were."""
+
+    ask: int
+    wep: Ident
+    from_step: Step_
+    at: Step_
+    rows: int
+    dropped: int
+    stale: bool
+
+
+class Fault(msgspec.Struct, forbid_unknown_fields=True):
+    cause: Text
+    detail: Text
+    active: bool
+
+
+class Status(_Msg, tag="state"):
+    """The lane's state: sent with every reply and with the stats."""
+
+    state: Literal["IDLE", "RUNNING", "ENDED", "RESETTING", "FAULT"]
+    episode: int
+    wep: Ident
+    step: int
+    outcome: Text
+    fault: Fault | None
+    queue: int
+    in_flight: bool
+    torque: bool
+    task: Annotated[str, msgspec.Meta(max_length=MAX_TASK)] = ""
+
+
+class Stats(_Msg, tag="stats"):
+    """Every counter of the run so far (cumulative), sent every stats interval."""
+
+    counters: Counters
+    queue: QueueCounters
+    shield: ShieldCounters
+    lateness: HistogramData
+    wake_lateness: HistogramData
+    ask_steps: dict[int, int]
+    ask_ns: HistogramData
+    missed_ticks: int
+    overruns: int
+    elapsed_s: float
+    dropped_messages: int
+    driver: dict[str, dict[str, int]]
+    state: Status
+
+    def totals(self) -> dict[str, int]:
+        """Every count under the name the summary and telemetry give it."""
+        q, sh = self.queue, self.shield
+        return {
+            **msgspec.structs.asdict(self.counters),
+            "stale_chunks": q.stale_chunks,
+            # every row given up because its step had passed: at merge (the latency drop,
+            # stale chunks whole) and at pop
+            "rows_dropped": q.rows_dropped + q.merge_dropped,
+            "merge_dropped": q.merge_dropped,
+            "flushed_rows": q.flushed_rows,
+            "interventions": sh.interventions,
+            "clipped": sh.clipped,
+            "clamped": sh.clamped,
+            "rejected": sh.rejected,
+            "missed_ticks": self.missed_ticks,
+            "overruns": self.overruns,
+            "dropped_messages": self.dropped_messages,
+        }
+
+
+class Reply(_Msg, tag="reply"):
+    """The answer to the `Command` or `Estop` of id `id`."""
+
+    id: int | None
+    ok: bool
+    status: Status | None = None
+    code: Text = ""
+    message: Text = ""
+
+
+class Event(_Msg, tag="event"):
+    """Something happened at tick `tick`: `name` with a few scalar details."""
+
+    name: Annotated[str, msgspec.Meta(max_length=64)]
+    tick: int
+    detail: Annotated[dict[str, Scalar], msgspec.Meta(max_length=MAX_DETAIL)] = {}
+
+
+class Ready(_Msg, tag="ready"):
+    """The loop ticks (sent after its first tick), with the realtime set-up's warnings."""
+
+    pid: int
+    warnings: list[Text] = []
+
+
+class Bye(_Msg, tag="bye"):
+    """The loop stopped; nothing more comes."""
+
+
+UpMsg = Step | Ask | Merged | Stats | Status | Reply | Event | Ready | Bye

@@ -1,0 +1,1 @@
+"""The main process (the async lane): the daemon and what it starts, watches and stops."""

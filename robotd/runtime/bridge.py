@@ -1,0 +1,181 @@
+"""The main process's end of the lane (anyio): send down, receive up, match replies.
+
+Three sockets in the run directory:
+- up (main binds, 0600): everything the control lane emits, a tick's messages per
+  multipart message; each frame decoded and dispatched to the handler of its type;
+- down (the control process binds, 0600): chunks, commands and the rest, NOBLOCK;
+- lane.sock (the control process binds, 0660): e-stops, served first by the lane at
+  every tick, so a burst of other commands never delays one.
+
+Commands are bounded: at most MAX_PENDING wait for their reply at once; beyond that the
+caller gets `LaneBusy` at once (the operator's reply says "busy") instead of a queue that
+would delay everything behind it.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import anyio
+import zmq
+import zmq.asyncio
+
+from robotd.lane import codec
+from robotd.lane.messages import Command, Estop, Reply, Stats, Status
+
+log = logging.getLogger("robotd")
+
+MAX_PENDING = 64  # commands waiting for the control lane's reply
+
+
+class LaneBusy(RuntimeError):
+    """Too many commands already wait for the control lane."""
+
+
+def lane_endpoint(run_dir: Path) -> str:
+    """lane.sock: the control lane's e-stop socket, at a fixed name so that `robotctl
+    estop` reaches it when the main process does not answer."""
+    return f"ipc://{run_dir}/lane.sock"
+
+
+class LaneBridge:
+    """Owns the main side's lane sockets. `on(type, handler)` registers what to do with
+    each kind of up message; `run()` receives until cancelled."""
+
+    def __init__(self, ctx: zmq.asyncio.Context, run_dir: Path) -> None:
+        pid = os.getpid()
+        self.up_ep = f"ipc://{run_dir}/up-{pid}.sock"
+        self.down_ep = f"ipc://{run_dir}/lane-{pid}.sock"
+        self.estop_ep = lane_endpoint(run_dir)
+        self.up = ctx.socket(zmq.PULL)
+        self.up.setsockopt(zmq.LINGER, 0)
+        self.up.setsockopt(zmq.MAXMSGSIZE, codec.MAX_MESSAGE_BYTES)
+        self.down = ctx.socket(zmq.PUSH)
+        self.down.setsockopt(zmq.LINGER, 1000)
+        self.down.setsockopt(zmq.SNDHWM, 1000)
+        self.estop_sock = ctx.socket(zmq.DEALER)
+        self.estop_sock.setsockopt(zmq.LINGER, 0)
+        self._handlers: dict[type, Callable[[Any], None]] = {}
+        self._pending: dict[int, tuple[anyio.Event, list[Reply]]] = {}
+        self._next_id = 0
+        self._estop_lock = anyio.Lock()
+        self.status: Status | None = None  # the lane's latest word on its state
+        self.dropped = 0  # down messages dropped because the lane's inbound queue was full
+        self.bad = 0  # up frames that did not decode
+
+    def on(self, kind: type, handler: Callable[[Any], None]) -> None:
+        self._handlers[kind] = handler
+
+    def bind(self) -> None:
+        """Bind the up socket (before the control process starts: it connects to it)."""
+        old = os.umask(0o177)
+        try:
+            self.up.bind(self.up_ep)
+        finally:
+            os.umask(old)
+
+    def connect(self) -> None:
+        """Connect down and lane.sock (the control process binds them)."""
+        self.down.connect(self.down_ep)
+        self.estop_sock.connect(self.estop_ep)
+
+    # ---- down ----------------------------------------------------------------------------
+
+    def send(self, msg: Any) -> bool:
+        """Send one message down without waiting; False (logged) when the queue is full."""
+        try:
+            self.down.send(codec.encode(msg), zmq.NOBLOCK)
+            return True
+        except zmq.Again:
+            self.dropped += 1
+            log.error("control lane inbound queue full: dropped %s", type(msg).__name__)
+            return False
+
+    async def command(
+        self, cmd: str, *, reason: str = "", task: str = "", timeout_s: float = 5.0
+    ) -> Reply:
+        """An operator command and the lane's reply; TimeoutError, or LaneBusy at once when
+        MAX_PENDING commands already wait. The e-stop goes through `estop` instead."""
+        if cmd == "estop":
+            return await self.estop(reason, timeout_s=timeout_s)
+        if len(self._pending) >= MAX_PENDING:
+            raise LaneBusy(f"{MAX_PENDING} commands already wait for the control lane")
+        self._next_id += 1
+        rid = self._next_id
+        done, box = anyio.Event(), []
+        self._pending[rid] = (done, box)
+        try:
+            if not self.send(Command(rid, cmd, reason=reason, task=task)):  # type: ignore[arg-type]
+                raise LaneBusy("the control lane's inbound queue is full")
+            with anyio.fail_after(timeout_s):
+                await done.wait()
+        except TimeoutError:
+            raise TimeoutError(
+                f"the control lane did not answer {cmd!r} within {timeout_s} s"
+            ) from None
+        finally:
+            self._pending.pop(rid, None)
+        return box[0]
+
+    async def estop(self, reason: str, *, timeout_s: float = 5.0) -> Reply:
+        """An e-stop on lane.sock (served first by the lane) and its acknowledgement."""
+        async with self._estop_lock:
+            self._next_id += 1
+            rid = self._next_id
+            await self.estop_sock.send(codec.encode(Estop(rid, reason[:500])))
+            with anyio.fail_after(timeout_s):
+                while True:
+                    data = await self.estop_sock.recv()
+                    try:
+                        reply = codec.decode_up(data)
+                    except codec.LaneError:
+                        continue
+                    if isinstance(reply, Reply) and reply.id == rid:
+                        if reply.status is not None:
+                            self.status = reply.status
+                        return reply
+
+    # ---- up ------------------------------------------------------------------------------
+
+    async def run(self) -> None:
+        """Receive and dispatch until cancelled; a bad frame is counted and logged, a handler
+        that raises is logged with its traceback, and the loop goes on."""
+        while True:
+            frames = await self.up.recv_multipart(copy=False)
+            for frame in frames:
+                try:
+                    msg = codec.decode_up(frame.buffer)
+                except codec.LaneError as exc:
+                    self.bad += 1
+                    log.error("bad message from the control lane: %s", exc)
+                    continue
+                try:
+                    self._dispatch(msg)
+                except Exception:
+                    log.exception("handling %s from the control lane", type(msg).__name__)
+
+    def _dispatch(self, msg: Any) -> None:
+        if isinstance(msg, Reply):
+            if msg.status is not None:
+                self.status = msg.status
+            waiting = self._pending.get(msg.id) if msg.id is not None else None
+            if waiting is not None:
+                waiting[1].append(msg)
+                waiting[0].set()
+            return
+        if isinstance(msg, Status):
+            self.status = msg
+        elif isinstance(msg, Stats):
+            self.status = msg.state
+        handler = self._handlers.get(type(msg))
+        if handler is not None:
+            handler(msg)
+
+    def close(self) -> None:
+        for sock in (self.up, self.down, self.estop_sock):
+            sock.close(linger=0)
+        Path(self.up_ep.removeprefix("ipc://")).unlink(missing_ok=True)

@@ -1,0 +1,173 @@
+"""What the main process starts and watches: the shared memory it owns, the control
+process, one process per camera and (unless a remote worker is named) a local policy worker.
+
+Each child gets everything it needs on its command line as one JSON argument (the
+validated config, endpoints, shared-memory names), so a child never re-reads files that
+could have changed since the daemon validated them. The control process and the local
+worker run numpy with one BLAS thread: their numbers are tiny and the control process
+locks every page it touches.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import msgspec
+
+from robotd.config import Config
+from robotd.runtime.supervisor import Child, Supervisor, python_module
+from robotd.shm import SHM_DIR, FrameRing, ring_slots, unlink_prefix
+
+log = logging.getLogger("robotd")
+
+SHM_PREFIX = "robotd-"
+ONE_BLAS_THREAD = {"OPENBLAS_NUM_THREADS": "1", "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
+
+
+@dataclass
+class Shared:
+    """Shared memory owned by this main process (unlinked at exit)."""
+
+    prefix: str  # drivers put what they share under it (the sim world); all unlinked at exit
+    rings: dict[str, FrameRing] = field(default_factory=dict)
+
+    def unlink(self) -> None:
+        for ring in self.rings.values():
+            ring.close()
+            ring.unlink()
+        unlink_prefix(self.prefix)
+
+
+def clean_stale_shm() -> None:
+    """Remove shared memory left by daemons that died without cleaning up (dead pids)."""
+    for path in Path(SHM_DIR).glob(f"{SHM_PREFIX}*"):
+        parts = path.name.split("-")
+        if len(parts) >= 2 and parts[1].isdigit() and not Path(f"/proc/{parts[1]}").exists():
+            unlink_prefix(f"{SHM_PREFIX}{parts[1]}-")
+
+
+def create_shared(cfg: Config) -> Shared:
+    """One frame ring per camera, named by our pid (the prefix is the drivers' too)."""
+    clean_stale_shm()
+    shared = Shared(prefix=f"{SHM_PREFIX}{os.getpid()}-")
+    for name, cam in cfg.cameras.items():
+        slots = ring_slots(cam.fps, cam.ring_seconds)
+        shared.rings[name] = FrameRing.create(
+            shared.prefix + name, (cam.height, cam.width, 3), slots
+        )
+    return shared
+
+
+@dataclass(frozen=True)
+class LaneEndpoints:
+    up: str  # main's PULL
+    down: str  # the control process's private PULL
+    estop: str  # lane.sock
+
+
+def control_argv(cfg: Config, run_id: str, ends: LaneEndpoints, shared: Shared) -> list[str]:
+    from robotd.control.process import ControlSpec
+
+    spec = ControlSpec(
+        config=cfg.model_dump(mode="json"),
+        run_id=run_id,
+        up=ends.up,
+        down=ends.down,
+        estop=ends.estop,
+        shm_prefix=shared.prefix,
+        rings={n: r.name for n, r in shared.rings.items()},
+    )
+    return python_module("robotd.control.process", msgspec.json.encode(spec).decode())
+
+
+def camera_argv(cfg: Config, name: str, shared: Shared) -> list[str]:
+    cam = cfg.cameras[name]
+    spec = {
+        "name": name,
+        "driver": cam.driver,
+        "width": cam.width,
+        "height": cam.height,
+        "fps": cam.fps,
+        "options": cam.options,
+        "ring": shared.rings[name].name,
+        "shm_prefix": shared.prefix,
+    }
+    return python_module("robotd.runtime.camera_proc", json.dumps(spec))
+
+
+def worker_argv(cfg: Config, endpoint: str) -> list[str]:
+    """The local policy worker: `robotd serve` on the config's policy and arguments."""
+    args: dict[str, Any] = cfg.policy.args
+    return python_module(
+        "robotd", "serve", cfg.policy.serve, "--bind", endpoint, "--args-json", json.dumps(args)
+    )
+
+
+class Children:
+    """Starts the children under a Supervisor and decides what each one's exit means.
+
+    - control: the robot's lane is gone; `on_control_exit` stops the daemon.
+    - a camera: its frames go stale (no act is asked from them); restarted.
+    - the local worker: before it served, start-up fails with `worker_failed`; after, the
+      episode is lost on the robot (`on_worker_lost`) and the worker restarted.
+    """
+
+    def __init__(
+        self,
+        cfg: Config,
+        sup: Supervisor,
+        *,
+        on_control_exit: Callable[[int], None],
+        on_worker_lost: Callable[[str], None],
+        served: Callable[[], bool],
+    ) -> None:
+        self.cfg = cfg
+        self.sup = sup
+        self._on_control_exit = on_control_exit
+        self._on_worker_lost = on_worker_lost
+        self._served = served
+        self.worker_failed = ""
+
+    async def start(
+        self, run_id: str, ends: LaneEndpoints, shared: Shared, local_worker: str | None
+    ) -> None:
+        """The control process, the cameras and, given its endpoint, the local worker."""
+        argv = control_argv(self.cfg, run_id, ends, shared)
+        await self.sup.start(Child("control", argv, self._control_exit, env=ONE_BLAS_THREAD))
+        for name in self.cfg.cameras:
+            argv = camera_argv(self.cfg, name, shared)
+            await self.sup.start(Child(f"camera:{name}", argv, self._camera_exit))
+        if local_worker is not None:
+            argv = worker_argv(self.cfg, local_worker)
+            await self.sup.start(Child("worker", argv, self._worker_exit, env=ONE_BLAS_THREAD))
+
+    def control_alive(self) -> bool:
+        child = self.sup.children.get("control")
+        return child is not None and child.process is not None and child.process.returncode is None
+
+    async def _control_exit(self, child: Child, code: int) -> bool:
+        log.error("the control process exited (code %s): stopping", code)
+        self._on_control_exit(code)
+        return False
+
+    async def _camera_exit(self, child: Child, code: int) -> bool:
+        log.error(
+            "%s exited (code %s): its frames go stale, no act is asked; restarting",
+            child.name,
+            code,
+        )
+        return True
+
+    async def _worker_exit(self, child: Child, code: int) -> bool:
+        if not self._served():
+            self.worker_failed = f"the local policy worker exited with code {code} before it served"
+            return False
+        log.error("the local policy worker exited (code %s): restarting it", code)
+        self._on_worker_lost(f"local worker exited with code {code}")
+        return True

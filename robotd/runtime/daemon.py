@@ -1,0 +1,233 @@
+"""The main process (the async lane): the composition root of one run of robotd.
+
+It creates the shared memory, starts the control process, the cameras and (unless a
+remote worker is named) a local worker (robotd.runtime.children), links the lanes
+(robotd.runtime.bridge), brings the policy link up (robotd.link.session), serves
+operators (robotd.operator), notifies systemd, and on SIGINT/SIGTERM or the end of
+--duration stops everything and writes the summary. Everything here runs on anyio (uvloop).
+"""
+
+from __future__ import annotations
+
+import logging
+import secrets
+import signal
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import anyio
+import anyio.abc
+import zmq.asyncio
+
+from robotd.config import Config, runtime_dir
+from robotd.contract import ContractError
+from robotd.lane.messages import Ask, Bye, EpisodeLost, Event, Merged, Ready, Shutdown, Stats, Step
+from robotd.link.connect import StartupError
+from robotd.link.session import PolicySession
+from robotd.operator.server import OperatorServer
+from robotd.operator.status import StatusLine
+from robotd.runtime import sdnotify
+from robotd.runtime.bridge import LaneBridge
+from robotd.runtime.children import Children, LaneEndpoints, Shared, create_shared
+from robotd.runtime.events import EventLog
+from robotd.runtime.rundir import lock_run_dir
+from robotd.runtime.summary import RunSummary
+from robotd.runtime.supervisor import Supervisor
+from robotd.runtime.view import DaemonView
+
+log = logging.getLogger("robotd")
+
+READY_TIMEOUT_S = 30.0
+
+
+@dataclass
+class Options:
+    duration: float | None = None
+    summary: Path | None = None
+    worker: str | None = None
+    status: bool = True
+
+
+class Daemon:
+    """One run of robotd (see the module docstring)."""
+
+    def __init__(self, cfg: Config, opts: Options) -> None:
+        self.cfg = cfg
+        self.opts = opts
+        self.run_id = secrets.token_hex(3)
+        self.dir = runtime_dir(cfg)
+        self._lock = lock_run_dir(self.dir)  # before any socket in it is touched
+        self.ctx = zmq.asyncio.Context()
+        self.bridge = LaneBridge(self.ctx, self.dir)
+        self.summary = RunSummary(cfg.control.hz)
+        self.ready = anyio.Event()
+        self.stop = anyio.Event()
+        self.lane_done = anyio.Event()  # the control lane said Bye after its last stats
+        self.exit_code = 0
+        self.shared: Shared | None = None
+        self.session: PolicySession | None = None
+        self._scope: anyio.CancelScope | None = None  # start-up and run; a signal cancels it
+        self.events = EventLog(cfg.control, self.summary, self._episode_ended)
+        self.view = DaemonView(
+            self.run_id, cfg.robot.name, self.summary, lambda: self.bridge.status, self._link
+        )
+
+    def _link(self) -> dict[str, object]:
+        hs = self.session.handshake if self.session is not None else None
+        return {"policy": hs.policy} if hs is not None else {"policy": None}
+
+    def _route(self) -> None:
+        """Who handles which message from the control lane."""
+        b = self.bridge
+        b.on(Step, self._on_step)
+        b.on(Ask, lambda m: self.session.on_ask(m) if self.session else None)
+        b.on(Merged, lambda m: self.session.on_merged(m) if self.session else None)
+        b.on(Stats, self._on_stats)
+        b.on(Event, self.events.on_event)
+        b.on(Ready, self._on_ready)
+        b.on(Bye, lambda m: self.lane_done.set())
+
+    def _on_step(self, msg: Step) -> None:
+        self.summary.on_step(msg)
+        if self.session is not None:
+            self.session.on_step(msg)
+
+    def _on_stats(self, msg: Stats) -> None:
+        self.summary.on_stats(msg)
+        sdnotify.tick_progress(msg.counters.ticks)
+        self.events.check_refill()
+
+    def _on_ready(self, msg: Ready) -> None:
+        for warning in msg.warnings:
+            log.warning("control lane: %s", warning)
+        self.ready.set()
+
+    def _episode_ended(self, wep: str) -> None:
+        if self.session is not None:
+            self.session.on_episode_end(wep)
+
+    # ---- the run ---------------------------------------------------------------------------
+
+    async def run(self) -> int:
+        self._route()
+        try:
+            self.shared = create_shared(self.cfg)
+            async with anyio.create_task_group() as tg:
+                self.bridge.bind()
+                tg.start_soon(self.bridge.run)
+                sup = Supervisor(tg)
+                children = Children(
+                    self.cfg,
+                    sup,
+                    on_control_exit=self._control_exited,
+                    on_worker_lost=lambda cause: self.bridge.send(EpisodeLost(cause)),
+                    served=lambda: self.session is not None and self.session.link is not None,
+                )
+                try:
+                    with anyio.CancelScope() as self._scope:
+                        tg.start_soon(self._signals)
+                        await self._main(tg, children)
+                    if self._scope.cancelled_caught and self.summary.link is None:
+                        log.warning("stopped during start-up: no policy worker had answered")
+                finally:
+                    with anyio.CancelScope(shield=True):
+                        await self._shutdown(sup, children)
+                tg.cancel_scope.cancel()
+        finally:
+            self._close()
+        if self.opts.summary is not None:
+            self.summary.write(self.opts.summary)
+        return self.exit_code
+
+    async def _main(self, tg: anyio.abc.TaskGroup, children: Children) -> None:
+        assert self.shared is not None
+        endpoint = self.opts.worker or self.cfg.policy.worker
+        local = None if endpoint else f"ipc://{self.dir}/worker-{self.run_id}.sock"
+        b = self.bridge
+        ends = LaneEndpoints(b.up_ep, b.down_ep, b.estop_ep)
+        await children.start(self.run_id, ends, self.shared, local)
+        b.connect()
+        with anyio.move_on_after(READY_TIMEOUT_S):
+            await self.ready.wait()
+        if not self.ready.is_set():
+            log.error("the control lane did not start ticking within %g s", READY_TIMEOUT_S)
+            self.exit_code = 1
+            return
+        self.session = PolicySession(
+            self.cfg,
+            endpoint or local or "",
+            rings=self.shared.rings,
+            send_down=b.send,
+            worker_failed=lambda: children.worker_failed,
+        )
+        try:
+            b.send(await self.session.connect(tg))
+        except (StartupError, ContractError) as exc:
+            log.error("%s", exc)
+            self.exit_code = 2
+            return
+        self.summary.link = self.session.counters
+        await OperatorServer(self.view, b, self.cfg, self.dir, self.ctx).start(tg)
+        if self.opts.status:
+            tg.start_soon(StatusLine(self.view).run)
+        sdnotify.notify("READY=1", f"STATUS=running at {self.cfg.control.hz:g} Hz")
+        tg.start_soon(sdnotify.watchdog_loop, lambda: self.view.state().get("state", "?"))
+        with anyio.move_on_after(self.opts.duration):  # --duration counts from READY
+            await self.stop.wait()
+
+    async def _signals(self) -> None:
+        with anyio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
+            async for signum in signals:
+                log.info("%s: stopping (the robot holds)", signal.Signals(signum).name)
+                self._stop_now()
+                return
+
+    def _control_exited(self, code: int) -> None:
+        self.exit_code = 1
+        self._stop_now()  # also when it dies during start-up
+
+    def _stop_now(self) -> None:
+        self.stop.set()
+        if self._scope is not None:
+            self._scope.cancel()
+
+    async def _shutdown(self, sup: Supervisor, children: Children) -> None:
+        sdnotify.notify("STOPPING=1")
+        if children.control_alive():
+            sup.stopping = True
+            self.bridge.send(Shutdown())
+            with anyio.move_on_after(3.0):
+                await sup.children["control"].exited.wait()
+            # The lane's last stats come just before its Bye (taken by the bridge).
+            with anyio.move_on_after(0.5):
+                await self.lane_done.wait()
+        await sup.stop_all(grace_s=5.0, first=("control",))
+        if self.session is not None:
+            await self.session.close()
+
+    def _close(self) -> None:
+        self.bridge.close()
+        self.ctx.term()
+        for ep in (self.bridge.down_ep, self.bridge.estop_ep):
+            Path(ep.removeprefix("ipc://")).unlink(missing_ok=True)
+        if self.shared is not None:
+            self.shared.unlink()
+
+
+def run(cfg: Config, opts: Options) -> int:
+    """Run the daemon until a signal, --duration or a fatal error; returns the exit code."""
+    try:
+        daemon = Daemon(cfg, opts)
+    except StartupError as exc:
+        log.error("%s", exc)
+        return 2
+    return anyio.run(daemon.run, backend_options={"use_uvloop": True})
+
+
+def setup_logging(verbose: bool = False) -> None:
+    logging.basicConfig(
+        level=logging.DEBUG if verbose else logging.INFO,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+        stream=sys.stderr,
+    )

@@ -1,0 +1,70 @@
+"""What the control lane's events mean in the main process: a log line at the right level,
+the end of a worker-side episode passed on, and the one-time refill warning."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+
+from robotd.config import ControlConfig
+from robotd.lane.messages import Event
+from robotd.runtime.summary import RunSummary
+
+log = logging.getLogger("robotd")
+
+WARNINGS = frozenset(
+    {
+        "fault",
+        "driver_error",
+        "overrun",
+        "bad_message",
+        "lane_refused",
+        "lane_error",
+        "lane_estop",
+        "loop_died",
+        "act_failed",
+        "bad_chunk",
+        "kernel_error",
+        "episode_reset",
+    }
+)
+
+
+class EventLog:
+    """Logs each event (warnings for trouble, info for the rest) and acts on the few that
+    concern the main process."""
+
+    def __init__(
+        self,
+        control: ControlConfig,
+        summary: RunSummary,
+        episode_ended: Callable[[str], None],
+    ) -> None:
+        self.control = control
+        self.summary = summary
+        self.episode_ended = episode_ended
+        self._refill_warned = False
+
+    def on_event(self, ev: Event) -> None:
+        level = logging.WARNING if ev.name in WARNINGS else logging.INFO
+        log.log(level, "%s %s", ev.name, ev.detail)
+        if ev.name == "episode_end":
+            self.episode_ended(str(ev.detail.get("wep", "")))
+
+    def check_refill(self) -> None:
+        """Realtime: say once when acts take longer than the rows left at the ask cover."""
+        c = self.control
+        if self._refill_warned or c.timing != "realtime":
+            return
+        lat = self.summary.ask_latency()
+        if lat["count"] >= 5 and lat["steps"]["p50"] > c.refill_steps:
+            self._refill_warned = True
+            log.warning(
+                "acts take %d steps (p50, %.0f ms) but control.refill_steps is %d: the queue "
+                "runs dry before every chunk and the robot holds; raise refill_steps to at "
+                "least %d (and keep the policy's horizon above it)",
+                lat["steps"]["p50"],
+                lat["ms"]["p50"],
+                c.refill_steps,
+                lat["steps"]["p50"] + 1,
+            )

@@ -1,0 +1,123 @@
+"""What a run did, in numbers: gathered from the lanes' messages, written at exit."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+from robotd.control.counters import AskLatency
+from robotd.control.histogram import LatencyHistogram
+from robotd.lane.messages import Stats, Step
+from robotd.link.reservoir import Reservoir
+from robotd.link.steps import UPLOAD_COUNTERS, LinkCounters
+
+_EMPTY = {"p50": 0.0, "p99": 0.0, "p999": 0.0, "max": 0.0}
+
+
+class RunSummary:
+    """Accumulates the control lane's cumulative stats and reads the link's counters."""
+
+    def __init__(self, hz: float) -> None:
+        self.hz_target = hz
+        self.started = time.monotonic()
+        self.last: Stats | None = None
+        self.totals: dict[str, int] = {}
+        self.tracking = Reservoir()
+        self.link: LinkCounters | None = None  # the policy link's, read live
+        self.verdicts: list[dict[str, Any]] = []
+        self._lateness: dict[str, dict[str, float]] = {}
+        self._ask = AskLatency()
+
+    def on_stats(self, msg: Stats) -> None:
+        """The lane's stats: its histograms become percentiles here, not in the lane."""
+        self.last = msg
+        self.totals = msg.totals()
+        self._lateness = {
+            "lateness": LatencyHistogram.from_data(msg.lateness).summary(),
+            "wake_lateness": LatencyHistogram.from_data(msg.wake_lateness).summary(),
+        }
+        ask = AskLatency()
+        ask.steps = dict(msg.ask_steps)
+        ask.ns = LatencyHistogram.from_data(msg.ask_ns)
+        self._ask = ask
+
+    def on_step(self, msg: Step) -> None:
+        gt = msg.gt
+        if gt and "tracking_error" in gt:
+            self.tracking.add(float(gt["tracking_error"]))
+
+    def uploads(self) -> dict[str, int]:
+        """uploaded_frames, uploaded_bytes, inline_frames, skipped_frames, refused_frames
+        (zeros before the policy link is up)."""
+        live = self.link.uploads() if self.link is not None else {}
+        return {k: int(live.get(k, 0)) for k in UPLOAD_COUNTERS}
+
+    def ask_latency(self) -> dict[str, Any]:
+        """Ask → chunk latency p50/p99 in steps and ms."""
+        return self._ask.summary()
+
+    def lateness(self, which: str = "lateness") -> dict[str, float]:
+        """µs percentiles of the lane's tick lateness: at the deadline (`lateness`, after the
+        spin tail) or of the sleep's wake-up before the spin (`wake_lateness`)."""
+        return self._lateness.get(which, _EMPTY)
+
+    def measured_hz(self) -> float:
+        ticks = self.totals.get("ticks", 0)
+        elapsed = self.last.elapsed_s if self.last is not None else 0.0
+        return ticks / elapsed if ticks and elapsed > 0 else 0.0
+
+    def count(self, name: str) -> int:
+        return self.totals.get(name, 0)
+
+    def act_rtt_ms(self) -> dict[str, float]:
+        rtt = self.link.rtt_ms if self.link is not None else Reservoir()
+        return {"p50": rtt.percentile(50), "p99": rtt.percentile(99)}
+
+    def to_dict(self) -> dict[str, Any]:
+        t = self.totals
+        names = [
+            "missed_ticks",
+            "overruns",
+            "episodes",
+            "acts",
+            "act_failures",
+            "chunks",
+            "holds",
+            "max_consecutive_holds",
+            "starved_episodes",
+            "stale_chunks",
+            "rows_dropped",
+            "stale_rows_played",
+            "episode_resets",
+            "interventions",
+            "invalid_observations",
+            "dropped_messages",
+            "bad_messages",
+        ]
+        return {
+            "ticks": t.get("ticks", 0),
+            "hz": round(self.measured_hz(), 3),
+            "hz_target": self.hz_target,
+            "lateness_us": self.lateness(),
+            "wake_lateness_us": self.lateness("wake_lateness"),
+            **{name: t.get(name, 0) for name in names},
+            "ask_latency": self.ask_latency(),
+            "tracking_error": {
+                "mean": self.tracking.mean(),
+                "p95": self.tracking.percentile(95),
+            },
+            "act_rtt_ms": self.act_rtt_ms(),
+            "act_errors": self.link.act_errors if self.link is not None else 0,
+            **self.uploads(),
+            "verdicts": self.verdicts,
+            "state": self.last.state.state if self.last is not None else "",
+        }
+
+    def write(self, path: str | Path) -> None:
+        path = Path(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(path.suffix + ".tmp")
+        tmp.write_text(json.dumps(self.to_dict(), indent=2) + "\n")
+        tmp.replace(path)

@@ -1,0 +1,47 @@
+"""A narrow, read-only view of the running daemon, for the operator server, telemetry and
+the status line: the lane's state, the run's numbers, the policy link's state. Nothing in
+it can change the daemon; commands go through `LaneCommands`."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import msgspec
+
+from robotd.lane.messages import Reply, Status
+from robotd.runtime.summary import RunSummary
+
+
+class LaneCommands(Protocol):
+    """How operator commands reach the control lane (robotd.runtime.bridge.LaneBridge)."""
+
+    async def command(
+        self, cmd: str, *, reason: str = "", task: str = "", timeout_s: float = 5.0
+    ) -> Reply: ...
+
+
+@dataclass(frozen=True)
+class DaemonView:
+    """What operators may read: `state()` the lane's latest status as a plain dict (empty
+    before the lane first spoke), `summary` the run's numbers, `link()` the policy link's
+    state in a few words."""
+
+    run_id: str
+    robot: str
+    summary: RunSummary
+    _status: Callable[[], Status | None]
+    _link: Callable[[], dict[str, Any]]
+
+    def state(self) -> dict[str, Any]:
+        status = self._status()
+        if status is None:
+            return {}
+        out = msgspec.structs.asdict(status)
+        if status.fault is not None:
+            out["fault"] = msgspec.structs.asdict(status.fault)
+        return out
+
+    def link(self) -> dict[str, Any]:
+        return self._link()

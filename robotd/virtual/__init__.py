@@ -1,0 +1,1 @@
+"""The virtual clock: the whole control loop in one process, without wall time."""

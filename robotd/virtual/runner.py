@@ -1,0 +1,256 @@
+"""The virtual-clock runner: the whole control loop in one process, without wall time.
+
+:func:`run_virtual` drives the real kernel through the same tick as the control process
+(robotd.control.tick.TickIO: read → frame refs → update → torque → write) on a virtual
+clock (integer ns; tick ``i`` is at ``t0 + round(i * 1e9 / hz)``), with the simulated robot
+in process memory (drivers.sim.virtual.VirtualRig: the sim arm on that clock, the sim
+cameras rendered at their own capture times, only when a policy window reads them).
+
+Asks are answered in process (robotd.virtual.asker), as the main process answers them on
+the wall clock. With a fixed latency a run is a pure function of (config, policy, steps,
+seed): the same seed gives the same played rows, bit for bit. A failed act (infer raises or
+answers badly) is reported to the kernel at the tick its answer would have arrived.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from drivers.base import CameraSpec
+from drivers.sim.virtual import VirtualRig
+from robotd.config import Config
+from robotd.contract import Actions
+from robotd.control.counters import AskLatency
+from robotd.control.episode import State
+from robotd.control.histogram import LatencyHistogram
+from robotd.control.kernel import Kernel
+from robotd.control.tick import TickIO
+from robotd.lane.messages import Event, Step
+from robotd.virtual.asker import VirtualAsker
+
+T0_NS = 1_000_000_000  # the virtual clock's origin (any int works; 1 s keeps it clear of 0)
+
+
+class VirtualClock:
+    """A settable ns clock: call it for the present time."""
+
+    def __init__(self, now_ns: int) -> None:
+        self.now_ns = now_ns
+
+    def __call__(self) -> int:
+        return self.now_ns
+
+
+@dataclass
+class VirtualResult:
+    """What a virtual run did, tick by tick and in summary.
+
+    played: (ticks, dim) target written each tick (NaN where nothing was written);
+    held: the kernel held this tick (a step with nothing to play, or a rejected row);
+    running: an episode step was made this tick; tracking: the tip's distance to the dot at
+    the tick (ground truth, before the tick's write).
+    tracking_mean / tracking_p95 / holds / max_jump are over the running ticks; max_jump is
+    the largest per-tick |Δ target| over the NON-gripper joints (a gripper's command is
+    discrete by nature and is never blended nor averaged, so its jumps would only hide the
+    arm's seams). counters: the kernel's, queue's and shield's counters and ask_latency.
+    """
+
+    played: np.ndarray
+    held: np.ndarray
+    running: np.ndarray
+    tracking: np.ndarray
+    tracking_mean: float
+    tracking_p95: float
+    holds: int
+    max_jump: float
+    outcome: str
+    counters: dict[str, Any]
+    events: list[Event] = field(default_factory=list)
+    steps: list[Step] = field(default_factory=list)
+
+
+def _prepare(cfg: Config, aligned: bool) -> Config:
+    if cfg.joints.driver != "sim":
+        raise ValueError(
+            f"run_virtual: joints.driver is {cfg.joints.driver!r}; the virtual "
+            "clock drives the sim arm only"
+        )
+    for name, cam in cfg.cameras.items():
+        if cam.driver != "sim":
+            raise ValueError(
+                f"run_virtual: cameras.{name}.driver is {cam.driver!r}; the virtual clock "
+                "renders sim cameras only"
+            )
+    return cfg.model_copy(update={"control": cfg.control.model_copy(update={"aligned": aligned})})
+
+
+def _start(kernel: Kernel, actions: Actions | None) -> None:
+    """Hand the kernel the action contract and get an episode running, whatever the
+    configured start (a virtual run has no operator)."""
+    kernel.set_contract(actions.open_loop_horizon if actions is not None else None)
+    if kernel.machine.state is State.FAULT:
+        kernel.command("clear_fault")
+    if kernel.machine.state is State.IDLE:
+        kernel.command("start")
+
+
+def _rig(cfg: Config, clock: VirtualClock, seed: int) -> VirtualRig:
+    cameras = {
+        name: (CameraSpec(name, cam.width, cam.height, cam.fps), cam.options)
+        for name, cam in cfg.cameras.items()
+    }
+    try:
+        return VirtualRig(cfg.joints.names, cfg.joints.options, cameras, clock, seed=seed)
+    except ValueError as exc:
+        raise ValueError(f"run_virtual: {exc}") from None
+
+
+def run_virtual(
+    cfg: Config,
+    policy: Any,
+    *,
+    steps: int,
+    latency_s: float | None = None,
+    seed: int = 0,
+    aligned: bool = True,
+) -> VirtualResult:
+    """Run `steps` control ticks of `cfg` (sim arm and sim cameras) with `policy` on the
+    virtual clock; see the module docstring for the timing rules.
+
+    latency_s: the fixed policy latency in seconds; None takes ``control.latency_s`` and, if
+    that is unset too, measures each infer call's wall time (then runs are not reproducible).
+    seed: the sim arm's read-noise seed. aligned: False plays realtime chunks from their start
+    (the naive baseline; overrides ``control.aligned``). Raises ValueError for a config it
+    cannot simulate, TypeError for an object without the policy API.
+    """
+    if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
+        raise ValueError(f"run_virtual: steps must be an integer >= 1, got {steps!r}")
+    if latency_s is not None and not (math.isfinite(latency_s) and latency_s >= 0):
+        raise ValueError(f"run_virtual: latency_s must be a finite number >= 0, got {latency_s!r}")
+    cfg = _prepare(cfg, aligned)
+    clock = VirtualClock(T0_NS)
+    rig = _rig(cfg, clock, seed)
+    asker = VirtualAsker(
+        cfg, policy, rig, cfg.control.latency_s if latency_s is None else latency_s
+    )
+    out = _Collected()
+    kernel = Kernel(cfg, run_id="virtual", emit=out.sink(asker), asker=asker)
+    asker.kernel = kernel
+    rig.arm.open()
+    io = TickIO(kernel, rig.arm, rig.refs, out.error)
+    io.start()  # as the control process: hold where the joints are from the start
+    _start(kernel, asker.actions)
+    trace = _Trace(steps, len(cfg.joints.names))
+    for tick in range(steps):
+        now = T0_NS + round(tick * 1e9 / cfg.control.hz)
+        clock.now_ns = now
+        asker.deliver_due(tick)
+        rig.capture_until(now)
+        holds, made = kernel.counters.holds, kernel.counters.steps
+        target = io.run(now)
+        truth = rig.arm.ground_truth()
+        trace.record(
+            tick,
+            target,
+            kernel.counters.holds > holds,
+            kernel.counters.steps > made,
+            truth["tracking_error"],
+        )
+    rig.close()
+    return trace.result(kernel, cfg, out)
+
+
+class _Collected:
+    """What the kernel emitted in a virtual run: events and step records (steps also feed
+    the asker's ring); driver errors raise, as a virtual run has no hardware to blame."""
+
+    def __init__(self) -> None:
+        self.events: list[Event] = []
+        self.steps: list[Step] = []
+
+    def sink(self, asker: VirtualAsker) -> Any:
+        def emit(msg: Any) -> None:
+            if isinstance(msg, Step):
+                asker.on_step(msg)
+                self.steps.append(msg)
+            elif isinstance(msg, Event):
+                self.events.append(msg)
+
+        return emit
+
+    def error(self, op: str, exc: BaseException) -> None:
+        raise RuntimeError(f"run_virtual: {op} failed: {exc}") from exc
+
+
+class _Trace:
+    """Per-tick records of a virtual run and the summary figures made from them."""
+
+    def __init__(self, ticks: int, dim: int) -> None:
+        self.played = np.full((ticks, dim), np.nan)
+        self.held = np.zeros(ticks, dtype=bool)
+        self.running = np.zeros(ticks, dtype=bool)
+        self.tracking = np.zeros(ticks)
+
+    def record(
+        self, tick: int, target: np.ndarray | None, held: bool, running: bool, tracking: float
+    ) -> None:
+        if target is not None:
+            self.played[tick] = target
+        self.held[tick] = held
+        self.running[tick] = running
+        self.tracking[tick] = tracking
+
+    def max_jump(self, grippers: tuple[int, ...]) -> float:
+        arm_dims = [d for d in range(self.played.shape[1]) if d not in grippers]
+        both = self.running[1:] & self.running[:-1]
+        jumps = np.abs(np.diff(self.played[:, arm_dims], axis=0))[both]
+        jumps = jumps[np.isfinite(jumps).all(axis=1)]
+        return float(jumps.max()) if jumps.size else 0.0
+
+    def result(self, kernel: Kernel, cfg: Config, out: _Collected) -> VirtualResult:
+        tracking = self.tracking[self.running]
+        counters = counters_of(kernel)
+        return VirtualResult(
+            played=self.played,
+            held=self.held,
+            running=self.running,
+            tracking=self.tracking,
+            tracking_mean=float(tracking.mean()) if tracking.size else 0.0,
+            tracking_p95=float(np.percentile(tracking, 95)) if tracking.size else 0.0,
+            holds=int((self.held & self.running).sum()),
+            max_jump=self.max_jump(cfg.joints.gripper_indices()),
+            outcome=kernel.machine.outcome,
+            counters=counters,
+            events=out.events,
+            steps=out.steps,
+        )
+
+
+def counters_of(kernel: Kernel) -> dict[str, Any]:
+    """The kernel's counters under the summary's names, with the ask latency summarised."""
+    from robotd.lane.messages import Stats
+
+    lat = kernel.playback.ask_latency
+    empty = LatencyHistogram().data()
+    stats = Stats(
+        kernel.counters,
+        kernel.playback.queue.counters,
+        kernel.shield.counters,
+        empty,
+        empty,
+        dict(lat.steps),
+        lat.ns.data(),
+        0,
+        0,
+        0.0,
+        0,
+        {},
+        kernel.status(),
+    )
+    ask = AskLatency()
+    ask.steps, ask.ns = dict(lat.steps), lat.ns
+    return {**stats.totals(), "ask_latency": ask.summary()}
