@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import queue
@@ -17,7 +18,12 @@ REPO = Path(__file__).resolve().parent.parent
 
 
 class Daemon:
-    """`python -m robotd run ...` with its stderr read line by line on a thread."""
+    """`python -m robotd run ...` with its stderr read line by line on a thread.
+
+    Every daemon a test starts is killed (with its process group) when the test ends, by
+    tests/conftest.py, so a failing test never leaves one behind for the next."""
+
+    started: list[Daemon] = []
 
     def __init__(self, tmp: Path, *args: str, env: dict[str, str] | None = None) -> None:
         self.dir = tmp / "run"
@@ -42,7 +48,9 @@ class Daemon:
             stderr=subprocess.PIPE,
             text=True,
             env=full_env,
+            start_new_session=True,
         )
+        Daemon.started.append(self)
         self.lines: queue.Queue[str] = queue.Queue()
         self.log: list[str] = []
         threading.Thread(target=self._read, daemon=True).start()
@@ -80,6 +88,17 @@ class Daemon:
         except subprocess.TimeoutExpired:
             self.proc.kill()
             raise AssertionError("daemon did not exit:\n" + "".join(self.log[-40:])) from None
+
+    @classmethod
+    def kill_all(cls, since: int = 0) -> None:
+        """Kill every daemon started (after the first `since`) and still running, with its
+        process group."""
+        while len(cls.started) > since:
+            daemon = cls.started.pop()
+            if daemon.proc.poll() is None:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(daemon.proc.pid, signal.SIGKILL)
+                daemon.proc.wait(10)
 
     def signal(self, sig: int = signal.SIGTERM) -> None:
         self.proc.send_signal(sig)

@@ -23,6 +23,5 @@ def recv_all(sock: Any, timeout_ms: int = 200) -> list[dict[str, Any]]:
     """Every message waiting on a PULL socket of the control lane's up channel, as dicts."""
     out = []
     while sock.poll(timeout_ms):
-        for frame in sock.recv_multipart():
-            out.append(plain(codec.decode_up(frame)))
+        out.extend(plain(m) for m in codec.decode_up_batch(sock.recv()))
     return out

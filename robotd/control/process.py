@@ -32,7 +32,7 @@ from robotd.control.episode import CommandRefused
 from robotd.control.histogram import LatencyHistogram
 from robotd.control.kernel import Kernel
 from robotd.control.playback import Chunk
-from robotd.control.rt import enable_realtime, freeze_gc
+from robotd.control.rt import enable_realtime, freeze_gc, small_thread_stacks
 from robotd.control.tick import TickIO
 from robotd.control.ticker import OverrunLog, RateLimiter, Tick, Ticker
 from robotd.lane import codec
@@ -101,7 +101,8 @@ class LanePorts:
         self.up.connect(spec.up)
         self.down = ctx.socket(zmq.PULL)
         self.down.setsockopt(zmq.LINGER, 0)
-        self.down.setsockopt(zmq.MAXMSGSIZE, codec.MAX_MESSAGE_BYTES)
+        # far above the codec's own limit, which refuses (with a reason) what is over it
+        self.down.setsockopt(zmq.MAXMSGSIZE, 4 * codec.MAX_MESSAGE_BYTES)
         _bind_private(self.down, spec.down, 0o600)
         self.estop = ctx.socket(zmq.ROUTER)
         self.estop.setsockopt(zmq.LINGER, 0)
@@ -128,7 +129,8 @@ class ControlLane:
         self.cfg = Config.model_validate(spec.config)
         self.ports = LanePorts(spec)
         self.clock = clock
-        self.dropped = 0
+        self.dropped = 0  # messages dropped because main's queue was full
+        self.sent = 0  # batches sent (one per tick that emitted anything)
         self.outbox: list[Any] = []
         self.kernel = Kernel(self.cfg, run_id=spec.run_id, emit=self.outbox.append)
         self.driver = open_joint_driver(
@@ -144,6 +146,7 @@ class ControlLane:
         self.stats_every = max(1, round(c.stats_interval_s * c.hz))
         self.stop = threading.Event()
         self.warnings: list[str] = []
+        self.warnings_at_start: list[str] = []
         self._error_log = RateLimiter(200_000_000)  # at most 5 error events a second
         self._bad_log = RateLimiter(1_000_000_000)
         self._overruns = OverrunLog()
@@ -159,14 +162,15 @@ class ControlLane:
     def drain(self) -> None:
         """E-stops first (lane.sock), then the private inbound socket, bounded per tick."""
         estop = self.ports.estop
-        for _ in range(MAX_ESTOPS_PER_TICK):
+        # EVENTS first: a try/except around an empty recv costs an exception every tick.
+        for _ in range(MAX_ESTOPS_PER_TICK if estop.getsockopt(zmq.EVENTS) & zmq.POLLIN else 0):
             try:
                 frames = estop.recv_multipart(zmq.NOBLOCK)
             except zmq.Again:
                 break
             self._on_estop(frames)
         down = self.ports.down
-        for _ in range(MAX_INBOUND_PER_TICK):
+        for _ in range(MAX_INBOUND_PER_TICK if down.getsockopt(zmq.EVENTS) & zmq.POLLIN else 0):
             try:
                 data = down.recv(zmq.NOBLOCK)
             except zmq.Again:
@@ -230,15 +234,18 @@ class ControlLane:
     # ---- outbound --------------------------------------------------------------------------
 
     def flush(self) -> None:
-        """Send what this tick emitted as one multipart message; a full queue drops it."""
+        """Send what this tick emitted as one message (a msgpack array of them); a full
+        queue drops it, counted."""
         if not self.outbox:
             return
-        frames = [codec.encode(m) for m in self.outbox]
+        data = codec.encode_batch(self.outbox)
+        n = len(self.outbox)
         self.outbox.clear()
         try:
-            self.ports.up.send_multipart(frames, zmq.NOBLOCK)
+            self.ports.up.send(data, zmq.NOBLOCK)
+            self.sent += 1
         except zmq.Again:
-            self.dropped += len(frames)
+            self.dropped += n
 
     def stats(self) -> Stats:
         k = self.kernel
@@ -292,7 +299,7 @@ class ControlLane:
     def run(self) -> None:
         """The loop thread's body: returns when `stop` is set, the robot holding."""
         c = self.cfg.control
-        self.warnings = enable_realtime(c.rt_priority, c.lock_memory)
+        self.warnings = self.warnings_at_start + enable_realtime(c.rt_priority, c.lock_memory)
         freeze_gc()
         self.ticker.start()
         while not self.stop.is_set():
@@ -326,6 +333,7 @@ class ControlLane:
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     logging.basicConfig(level=logging.INFO, format="control: %(message)s")
+    stacks = small_thread_stacks()  # before any thread starts (signals, ZeroMQ, the loop)
     die_with_parent()
     stop = install_stop_signals()
     try:
@@ -338,6 +346,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"robotd control: joint driver failed to open: {exc}", file=sys.stderr)
         return 3
     lane.stop = stop  # a signal and an inbound Shutdown end the loop the same way
+    if stacks:
+        lane.warnings_at_start.append(stacks)
     thread = threading.Thread(target=lane.run_guarded, name="control-loop", daemon=True)
     thread.start()
     stop.wait()

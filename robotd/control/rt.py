@@ -21,11 +21,14 @@ __all__ = [
     "lock_all_memory",
     "set_fifo",
     "set_timer_slack",
+    "small_thread_stacks",
+    "unlock_idle_reservations",
 ]
 
 # <sys/mman.h> values on x86, arm and riscv Linux (alpha/sparc/powerpc differ; not targets).
 _MCL_CURRENT = 1
 _MCL_FUTURE = 2
+_MCL_ONFAULT = 4  # Linux 4.4+: lock pages as they are touched, not the whole mapping
 _PR_SET_TIMERSLACK = 29
 
 _HINTS = {
@@ -79,18 +82,80 @@ def set_fifo(priority: int) -> str | None:
 
 
 def lock_all_memory() -> str | None:
-    """mlockall(MCL_CURRENT | MCL_FUTURE) so no page of the process is ever swapped out.
+    """mlockall(MCL_CURRENT | MCL_FUTURE | MCL_ONFAULT) so no page the process uses is
+    ever swapped out.
 
-    MCL_FUTURE also locks every later mapping (thread stacks, numpy buffers), so the
-    process's resident size grows to its mapped size: keep the control process lean.
+    MCL_ONFAULT locks pages as they are first touched: without it every mapping is faulted
+    in whole (numpy/OpenBLAS's 64 MiB buffer, each thread's 8 MiB stack), so the process
+    would hold its mapped size resident. Kernels before 4.4 refuse the flag (EINVAL): then
+    the whole mappings are locked, with a warning saying so.
     """
     libc = _libc()
     if libc is None:
         return f"mlockall not supported on {sys.platform}"
-    if libc.mlockall(_MCL_CURRENT | _MCL_FUTURE) != 0:
-        code = ctypes.get_errno()
-        return f"mlockall failed ({_errname(code)}): {_MLOCK_HINTS.get(code, os.strerror(code))}"
-    return None
+    if libc.mlockall(_MCL_CURRENT | _MCL_FUTURE | _MCL_ONFAULT) == 0:
+        return None
+    code = ctypes.get_errno()
+    if code == errno.EINVAL and libc.mlockall(_MCL_CURRENT | _MCL_FUTURE) == 0:
+        return "mlockall: this kernel has no MCL_ONFAULT; every mapping is locked whole"
+    code = ctypes.get_errno() if code == errno.EINVAL else code
+    return f"mlockall failed ({_errname(code)}): {_MLOCK_HINTS.get(code, os.strerror(code))}"
+
+
+def small_thread_stacks(size: int = 512 * 1024) -> str | None:
+    """Make threads started from now on (Python's and native ones, e.g. ZeroMQ's I/O
+    thread) reserve `size` bytes of stack instead of RLIMIT_STACK's 8 MiB: under mlockall
+    every stack counts whole against the locked memory. A warning or None."""
+    import threading
+
+    threading.stack_size(size)
+    libc = _libc()
+    if libc is None or not hasattr(libc, "pthread_setattr_default_np"):
+        return "thread stacks: pthread_setattr_default_np unavailable; native threads keep 8 MiB"
+    attr = ctypes.create_string_buffer(256)  # >= sizeof(pthread_attr_t) on every Linux ABI
+    ok = (
+        libc.pthread_attr_init(attr) == 0
+        and libc.pthread_attr_setstacksize(attr, ctypes.c_size_t(size)) == 0
+        and libc.pthread_setattr_default_np(attr) == 0
+    )
+    libc.pthread_attr_destroy(attr)
+    return None if ok else "thread stacks: could not set the default native stack size"
+
+
+def unlock_idle_reservations(min_bytes: int = 16 << 20) -> int:
+    """munlock the large anonymous mappings nothing has touched yet (no resident page):
+    reservations such as the BLAS buffer numpy maps at import, which the control loop
+    never uses. They would otherwise count whole against RLIMIT_MEMLOCK. Returns the
+    bytes left unlocked. Call after lock_all_memory, once start-up is done."""
+    libc = _libc()
+    if libc is None:
+        return 0
+    freed = 0
+    try:
+        with open(f"/proc/{os.getpid()}/smaps") as f:
+            text = f.read()
+    except OSError:
+        return 0
+    start = end = 0
+    anonymous = False
+    size = 0
+    for line in text.splitlines():
+        head = line.split(maxsplit=6)
+        if head and "-" in head[0] and not head[0].endswith(":"):
+            lo, _, hi = head[0].partition("-")
+            start, end = int(lo, 16), int(hi, 16)
+            anonymous = len(head) < 6
+            size = end - start
+        elif (
+            head
+            and head[0] == "Rss:"
+            and anonymous
+            and size >= min_bytes
+            and head[1] == "0"
+            and libc.munlock(ctypes.c_void_p(start), ctypes.c_size_t(size)) == 0
+        ):
+            freed += size
+    return freed
 
 
 def set_timer_slack(ns: int) -> str | None:
@@ -119,9 +184,12 @@ def enable_realtime(priority: int, lock_memory: bool, *, timer_slack_ns: int = 1
     - ``timer_slack_ns``: the calling thread's timer slack (0 = leave it alone).
     """
     warnings: list[str] = []
+    locked = lock_all_memory() if lock_memory else "not asked"
+    if lock_memory and locked is None:
+        unlock_idle_reservations()
     for warning in (
         set_fifo(priority),
-        lock_all_memory() if lock_memory else None,
+        locked if lock_memory else None,
         set_timer_slack(timer_slack_ns) if timer_slack_ns else None,
     ):
         if warning:

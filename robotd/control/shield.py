@@ -85,25 +85,26 @@ class Shield:
             return self._reject(f"action must be a float array, got {kind}")
         if target.shape != self._last.shape:
             return self._reject(f"action shape {target.shape}, expected {self._last.shape}")
-        if not np.isfinite(target).all():
-            bad = [self.names[i] for i in np.flatnonzero(~np.isfinite(target))]
-            return self._reject(f"non-finite action for {', '.join(bad)}")
-        # Own the target: the queue hands out a row buffer it overwrites on the next pop.
-        target = target.astype(np.float64, copy=True)
-        below = self.lower - target
-        above = target - self.upper
-        out = np.maximum(below, above)
+        # One pass for the common case: max(lower - t, t - upper) <= 0 over every joint
+        # means finite and within limits (a NaN makes the max NaN, an inf makes it inf).
+        out = np.maximum(self.lower - target, target - self.upper)
         outcome, reason = OK, ""
-        if (out > 0).any():
+        if not out.max() <= 0.0:
+            if not np.isfinite(target).all():
+                bad = [self.names[i] for i in np.flatnonzero(~np.isfinite(target))]
+                return self._reject(f"non-finite action for {', '.join(bad)}")
             worst = int(np.argmax(out))
             if out[worst] > self.tol:
                 return self._reject(
                     f"{self.names[worst]} target {target[worst]:.4f} outside "
                     f"[{self.lower[worst]:.4f}, {self.upper[worst]:.4f}] by more than {self.tol}"
                 )
-            target = _clip(target, self.lower, self.upper)
+            target = _clip(target, self.lower, self.upper)  # a new array: owned
             self.counters.clipped += 1
             outcome, reason = CLIPPED, f"{self.names[worst]} clipped into its limits"
+        else:
+            # Own the target: the queue hands out a row buffer it overwrites on the next pop.
+            target = target.astype(np.float64, copy=True)
         step = target - self._last
         limited = step
         if self.max_dstep is not None:

@@ -17,7 +17,7 @@ import msgspec
 
 from robotd.lane.messages import DownMsg, Estop, UpMsg
 
-MAX_MESSAGE_BYTES = 1 << 20  # a chunk of MAX_ROWS x MAX_JOINTS float64 rows and then some
+MAX_MESSAGE_BYTES = 4 << 20  # a chunk of MAX_ROWS x MAX_JOINTS float64 rows and then some
 
 
 class LaneError(ValueError):
@@ -27,12 +27,18 @@ class LaneError(ValueError):
 _encoder = msgspec.msgpack.Encoder()
 _down = msgspec.msgpack.Decoder(DownMsg)
 _up = msgspec.msgpack.Decoder(UpMsg)
+_up_batch = msgspec.msgpack.Decoder(list[UpMsg])
 _estop = msgspec.msgpack.Decoder(Estop)
 
 
 def encode(msg: msgspec.Struct) -> bytes:
     """One message as msgpack bytes."""
     return _encoder.encode(msg)
+
+
+def encode_batch(msgs: list[Any]) -> bytes:
+    """A tick's messages as one msgpack array (one send instead of one per message)."""
+    return _encoder.encode(msgs)
 
 
 def _decode(decoder: msgspec.msgpack.Decoder, data: Any, what: str) -> Any:
@@ -57,6 +63,11 @@ def decode_down(data: Any) -> DownMsg:
 def decode_up(data: Any) -> UpMsg:
     """A message from the control lane; LaneError naming what is wrong."""
     return _decode(_up, data, "control lane")
+
+
+def decode_up_batch(data: Any) -> list[UpMsg]:
+    """A tick's messages from the control lane, in order; LaneError naming what is wrong."""
+    return _decode(_up_batch, data, "control lane")
 
 
 def decode_estop(data: Any) -> Estop:

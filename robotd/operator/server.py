@@ -23,7 +23,7 @@ import zmq.asyncio
 from robotd import wire
 from robotd.config import Config
 from robotd.runtime.bridge import LaneBusy
-from robotd.runtime.view import DaemonView, LaneCommands
+from robotd.runtime.view import DaemonView, LaneCommands, status_dict
 
 log = logging.getLogger("robotd.operator")
 
@@ -158,7 +158,7 @@ class OperatorServer:
             reply = await self.lane.command(cmd, reason=reason[:500], task=task[:2000])
             if not reply.ok:
                 raise RequestError(reply.code or "refused", reply.message or "refused")
-            return v.state()
+            return status_dict(reply.status)  # the state the command left, not a later one
         if cmd == "status":
             return {**v.state(), "run_id": v.run_id, "robot": v.robot, "link": v.link()}
         if cmd == "stats":

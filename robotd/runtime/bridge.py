@@ -145,14 +145,14 @@ class LaneBridge:
         """Receive and dispatch until cancelled; a bad frame is counted and logged, a handler
         that raises is logged with its traceback, and the loop goes on."""
         while True:
-            frames = await self.up.recv_multipart(copy=False)
-            for frame in frames:
-                try:
-                    msg = codec.decode_up(frame.buffer)
-                except codec.LaneError as exc:
-                    self.bad += 1
-                    log.error("bad message from the control lane: %s", exc)
-                    continue
+            data = await self.up.recv(copy=False)
+            try:
+                batch = codec.decode_up_batch(data.buffer)
+            except codec.LaneError as exc:
+                self.bad += 1
+                log.error("bad message from the control lane: %s", exc)
+                continue
+            for msg in batch:
                 try:
                     self._dispatch(msg)
                 except Exception:

@@ -28,6 +28,9 @@ log = logging.getLogger("robotd")
 
 SHM_PREFIX = "robotd-"
 ONE_BLAS_THREAD = {"OPENBLAS_NUM_THREADS": "1", "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
+# The control process: one malloc arena (each thread's own reserves 64 MiB, all of it
+# counted by mlockall), one BLAS thread.
+CONTROL_ENV = {**ONE_BLAS_THREAD, "MALLOC_ARENA_MAX": "1"}
 
 
 @dataclass
@@ -139,7 +142,7 @@ class Children:
     ) -> None:
         """The control process, the cameras and, given its endpoint, the local worker."""
         argv = control_argv(self.cfg, run_id, ends, shared)
-        await self.sup.start(Child("control", argv, self._control_exit, env=ONE_BLAS_THREAD))
+        await self.sup.start(Child("control", argv, self._control_exit, env=CONTROL_ENV))
         for name in self.cfg.cameras:
             argv = camera_argv(self.cfg, name, shared)
             await self.sup.start(Child(f"camera:{name}", argv, self._camera_exit))

@@ -22,6 +22,16 @@ class LaneCommands(Protocol):
     ) -> Reply: ...
 
 
+def status_dict(status: Status | None) -> dict[str, Any]:
+    """A lane Status as plain data (empty for None)."""
+    if status is None:
+        return {}
+    out = msgspec.structs.asdict(status)
+    if status.fault is not None:
+        out["fault"] = msgspec.structs.asdict(status.fault)
+    return out
+
+
 @dataclass(frozen=True)
 class DaemonView:
     """What operators may read: `state()` the lane's latest status as a plain dict (empty
@@ -35,13 +45,7 @@ class DaemonView:
     _link: Callable[[], dict[str, Any]]
 
     def state(self) -> dict[str, Any]:
-        status = self._status()
-        if status is None:
-            return {}
-        out = msgspec.structs.asdict(status)
-        if status.fault is not None:
-            out["fault"] = msgspec.structs.asdict(status.fault)
-        return out
+        return status_dict(self._status())
 
     def link(self) -> dict[str, Any]:
         return self._link()

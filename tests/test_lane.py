@@ -1,0 +1,300 @@
+"""The lane between the processes: every message round-trips, every malformed one is refused
+with a named reason while the lane keeps ticking, and the wall-clock tick plays exactly what
+the virtual runner plays for the same arrival schedule. Real sockets, a real ControlLane."""
+
+from __future__ import annotations
+
+import math
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import msgspec
+import numpy as np
+import pytest
+import zmq
+
+from robotd.config import load_config
+from robotd.contract import Actions, Observations, Stream
+from robotd.control.counters import Counters, QueueCounters, ShieldCounters
+from robotd.control.histogram import LatencyHistogram
+from robotd.control.process import ControlLane, ControlSpec
+from robotd.control.ticker import Tick
+from robotd.lane import codec
+from robotd.lane.messages import (
+    ActFailed,
+    Ask,
+    Bye,
+    ChunkRows,
+    Command,
+    Contract,
+    EpisodeLost,
+    Estop,
+    Event,
+    Fault,
+    Merged,
+    Ready,
+    Reply,
+    Rows,
+    Shutdown,
+    Stats,
+    Status,
+    Step,
+)
+from robotd.virtual.runner import T0_NS, run_virtual
+from tests.lane_util import plain
+
+STATUS = Status("FAULT", 2, "w-1", 7, "", Fault("estop", "operator", False), 3, True, False)
+HIST = LatencyHistogram()
+HIST.add(12_345)
+
+DOWN = [
+    ChunkRows(4, "w-1", 9, Rows.of(np.arange(6.0).reshape(2, 3))),
+    Command(1, "start", task="pick the red cube"),
+    Command(2, "estop", reason="hand in the way"),
+    ActFailed(4, "act failed: TimeoutError"),
+    EpisodeLost("copy killed by SIGKILL"),
+    Contract(8),
+    Contract(None),
+    Shutdown(),
+]
+UP = [
+    Step(1, "w-1", 3, 99, [0.1, 0.2], [0.0, 0.0], {"top": (5, 98), "wrist": None}, True),
+    Step(1, "w-1", 4, 99, [0.1], [0.0], {}, False, True, {"tracking_error": 0.1}, [0.3], True),
+    Ask(4, "w-1", 9, 1, 2),
+    Merged(4, "w-1", 9, 12, 16, 3, False),
+    STATUS,
+    Stats(
+        Counters(ticks=5),
+        QueueCounters(),
+        ShieldCounters(per_joint={"elbow": 2}),
+        HIST.data(),
+        HIST.data(),
+        {3: 2},
+        HIST.data(),
+        1,
+        2,
+        3.5,
+        0,
+        {"elbow": {"timeouts": 1}},
+        STATUS,
+    ),
+    Reply(1, True, STATUS),
+    Reply(None, False, None, "bad_state", "start needs IDLE"),
+    Event("fault", 12, {"cause": "estop", "active": False, "n": 3, "x": 0.5, "none": None}),
+    Ready(123, ["SCHED_FIFO not permitted"]),
+    Bye(),
+]
+
+
+@pytest.mark.parametrize("msg", DOWN, ids=lambda m: type(m).__name__)
+def test_every_down_message_round_trips(msg: Any) -> None:
+    back = codec.decode_down(codec.encode(msg))
+    assert back == msg and type(back) is type(msg)
+
+
+@pytest.mark.parametrize("msg", UP, ids=lambda m: type(m).__name__)
+def test_every_up_message_round_trips(msg: Any) -> None:
+    back = codec.decode_up(codec.encode(msg))
+    assert back == msg and type(back) is type(msg)
+    assert codec.decode_up_batch(codec.encode_batch([msg, msg])) == [msg, msg]
+
+
+def test_rows_round_trip_bit_for_bit() -> None:
+    rows = np.random.default_rng(1).normal(size=(7, 5))
+    back = codec.decode_down(codec.encode(ChunkRows(1, "w", 0, Rows.of(rows))))
+    assert np.array_equal(back.rows.array(), rows)
+    assert not back.rows.array().flags.writeable
+
+
+def raw(obj: Any) -> bytes:
+    return msgspec.msgpack.encode(obj)
+
+
+MALFORMED = [
+    (b"\xc1", "not msgpack"),
+    (raw([1, 2]), "Expected `object`"),
+    (raw({"k": "bogus"}), "Invalid value 'bogus'"),
+    (raw({"k": "cmd", "cmd": "start"}), "missing required field `id`"),
+    (raw({"k": "cmd", "id": "one", "cmd": "start"}), "Expected `int`, got `str` - at `$.id`"),
+    (raw({"k": "cmd", "id": 1, "cmd": "self_destruct"}), "at `$.cmd`"),
+    (raw({"k": "cmd", "id": 1, "cmd": "start", "extra": 1}), "unknown field `extra`"),
+    (raw({"k": "cmd", "id": 1, "cmd": "estop", "reason": "x" * 600}), "length <= 500"),
+    (raw({"k": "rows", "ask": 1, "wep": "w", "s": -1, "rows": [1, 3, b""]}), "`$.s`"),
+    (raw({"k": "rows", "ask": 1, "wep": "w", "s": 0, "rows": [10**6, 3, b""]}), "`$.rows[0]`"),
+    (b"\x00" * (codec.MAX_MESSAGE_BYTES + 1), "exceeds the limit"),
+]
+
+
+@pytest.mark.parametrize(("data", "reason"), MALFORMED)
+def test_malformed_down_messages_are_refused_with_a_named_reason(data: bytes, reason: str) -> None:
+    with pytest.raises(codec.LaneError, match=None) as info:
+        codec.decode_down(data)
+    assert reason in str(info.value)
+
+
+# ---- a real lane on real sockets ------------------------------------------------------------
+
+
+class LaneRig:
+    """A ControlLane on config/sim.toml without cameras, ticked by hand on a fake clock:
+    the test is the main process (its PULL on up, PUSH on down, DEALER on lane.sock)."""
+
+    def __init__(self, tmp: Path, *overrides: str) -> None:
+        self.cfg = load_config(None, ["cameras={}", "control.lock_memory=false", *overrides])
+        ctx = zmq.Context.instance()
+        self.up = ctx.socket(zmq.PULL)
+        self.up.bind(f"ipc://{tmp}/up.sock")
+        spec = ControlSpec(
+            config=self.cfg.model_dump(mode="json"),
+            run_id="virtual",  # the virtual runner's, so worker-side episode ids agree
+            up=f"ipc://{tmp}/up.sock",
+            down=f"ipc://{tmp}/down.sock",
+            estop=f"ipc://{tmp}/lane.sock",
+        )
+        self.now = T0_NS
+        self.lane = ControlLane(spec, clock=lambda: self.now)
+        self.down = ctx.socket(zmq.PUSH)
+        self.down.connect(spec.down)
+        self.estop = ctx.socket(zmq.DEALER)
+        self.estop.connect(spec.estop)
+        self.index = 0
+        self.lane.ticker.start(T0_NS - self.lane.ticker.period_ns)  # tick 0 is due at T0
+
+    def send(self, msg: Any) -> None:
+        self.down.send(codec.encode(msg))
+
+    def tick(self) -> list[dict[str, Any]]:
+        """One tick at its deadline (sent messages are in the lane's socket by then: ipc
+        on one machine delivers before the next poll, and the test waits for it)."""
+        self.now = T0_NS + round(self.index * 1e9 / self.cfg.control.hz)
+        tick = Tick(self.index, self.now, self.now, 0, 0)
+        sent = self.lane.sent
+        self.lane.one_tick(tick)
+        self.index += 1
+        out = []
+        for _ in range(self.lane.sent - sent):  # one batch a tick at most: wait for it
+            assert self.up.poll(5000), "the lane's batch never arrived"
+            out += [plain(m) for m in codec.decode_up_batch(self.up.recv())]
+        return out
+
+    def close(self) -> None:
+        self.lane.close()
+        for sock in (self.up, self.down, self.estop):
+            sock.close(linger=0)
+
+
+@pytest.fixture
+def rig() -> Iterator[LaneRig]:
+    with tempfile.TemporaryDirectory(prefix="rbt-lane-") as tmp:
+        r = LaneRig(Path(tmp), 'robot.start="idle"')
+        yield r
+        r.close()
+
+
+def wait_in_socket(sock: zmq.Socket) -> None:
+    """Block until the lane's own socket has a message to read (it is the receiver)."""
+    assert sock.poll(5000, zmq.POLLIN), "the message never reached the lane's socket"
+
+
+def test_a_bad_message_is_an_event_and_the_lane_keeps_ticking(rig: LaneRig) -> None:
+    rig.tick()
+    for data, _ in MALFORMED[:-1]:
+        rig.down.send(data)
+    rig.down.send(MALFORMED[-1][0])
+    wait_in_socket(rig.lane.ports.down)
+    got = []
+    for _ in range(3):
+        got += rig.tick()
+    bad = [m for m in got if m["k"] == "event" and m["name"] == "bad_message"]
+    assert bad and "lane message" in bad[0]["error"]  # rate-limited to one a second
+    assert rig.lane.kernel.counters.bad_messages == len(MALFORMED)
+    rig.send(Command(9, "status"))
+    wait_in_socket(rig.lane.ports.down)
+    replies = [m for m in rig.tick() if m["k"] == "reply"]
+    assert replies and replies[0]["id"] == 9 and replies[0]["ok"]
+    assert rig.lane.kernel.counters.ticks == 5
+
+
+def test_rows_whose_bytes_do_not_match_their_shape_are_refused(rig: LaneRig) -> None:
+    rig.send(ChunkRows(1, "w", 0, Rows(2, 3, b"\x00" * 8)))
+    wait_in_socket(rig.lane.ports.down)
+    got = rig.tick()
+    bad = [m for m in got if m["k"] == "event" and m["name"] == "bad_message"]
+    assert "8 bytes for 2 x 3 float64" in bad[0]["error"]
+
+
+def test_lane_sock_takes_the_estop_and_nothing_else(rig: LaneRig) -> None:
+    rig.tick()
+    rig.estop.send(codec.encode(Command(1, "start")))  # a command: not on this socket
+    wait_in_socket(rig.lane.ports.estop)
+    got = rig.tick()
+    assert rig.estop.poll(2000)
+    refused = codec.decode_up(rig.estop.recv())
+    assert isinstance(refused, Reply) and not refused.ok and refused.code == "refused"
+    assert [m["name"] for m in got if m["k"] == "event"] == ["lane_refused"]
+    assert rig.lane.kernel.machine.state == "IDLE"
+    rig.estop.send(codec.encode(Estop(5, "hand in the way")))
+    wait_in_socket(rig.lane.ports.estop)
+    got = rig.tick()
+    assert rig.estop.poll(2000)
+    ack = codec.decode_up(rig.estop.recv())
+    assert isinstance(ack, Reply) and ack.ok and ack.id == 5 and ack.status.state == "FAULT"
+    events = [m for m in got if m["k"] == "event"]
+    assert [e["name"] for e in events] == ["fault", "lane_estop"]
+    assert events[0]["cause"] == "estop" and events[1]["reason"] == "hand in the way"
+
+
+# ---- one tick for both clocks ---------------------------------------------------------------
+
+
+class Wave:
+    """Rows depend on the step they are meant for only: row i of a chunk asked at s is a
+    smooth function of s + i (so the merge, not the policy, decides what plays)."""
+
+    observations = Observations(streams={"joints.pos": Stream()})
+    actions = Actions(open_loop_horizon=12)
+
+    def infer(self, inputs: dict[str, Any]) -> np.ndarray:
+        return rows_for(inputs["steps"][-1])
+
+
+def rows_for(s: int) -> np.ndarray:
+    t = (s + np.arange(12, dtype=float)) / 30.0
+    return np.stack([0.5 * np.sin(t), 0.4 * np.cos(0.7 * t) - 0.3, 0.5 + 0.4 * np.sin(2 * t)], 1)
+
+
+@pytest.mark.parametrize("merge", ["replace", "fade", "ensemble"])
+@pytest.mark.parametrize("latency_s", [0.05, 0.1, 0.2])
+def test_the_wall_clock_tick_plays_what_the_virtual_runner_plays(
+    merge: str, latency_s: float
+) -> None:
+    overrides = ['control.timing="realtime"', "control.refill_steps=6", f'control.merge="{merge}"']
+    ticks = 150
+    cfg = load_config(None, ["cameras={}", *overrides])
+    virtual = run_virtual(cfg, Wave(), steps=ticks, latency_s=latency_s)
+    delay = math.ceil(latency_s * cfg.control.hz - 1e-9)
+    with tempfile.TemporaryDirectory(prefix="rbt-lane-") as tmp:
+        rig = LaneRig(Path(tmp), *overrides)
+        try:
+            rig.send(Contract(12))  # the policy link is up: the sim's first episode starts
+            wait_in_socket(rig.lane.ports.down)
+            due: dict[int, list[ChunkRows]] = {}
+            played = np.full((ticks, 3), np.nan)
+            for i in range(ticks):
+                for msg in due.pop(i, []):
+                    rig.send(msg)
+                    wait_in_socket(rig.lane.ports.down)
+                got = rig.tick()
+                if rig.lane.io.written is not None:
+                    played[i] = rig.lane.io.written
+                for ask in (m for m in got if m["k"] == "ask"):
+                    rows = Rows.of(rows_for(ask["s"]))
+                    due.setdefault(i + delay, []).append(
+                        ChunkRows(ask["id"], ask["wep"], ask["s"], rows)
+                    )
+        finally:
+            rig.close()
+    assert virtual.counters["chunks"] > 5
+    assert np.array_equal(played, virtual.played, equal_nan=True)
