@@ -31,16 +31,21 @@ def samples():
         np.int64(-(2**62)),
         np.uint8(255),
         np.bool_(True),
-        {"actions": rng.standard_normal((10, 8)).astype(np.float32), "server_timing": {"infer_ms": 1.5}},
+        {
+            "actions": rng.standard_normal((10, 8)).astype(np.float32),
+            "server_timing": {"infer_ms": 1.5},
+        },
         {"nested": {"deeper": [np.ones(2, dtype=np.uint16), "text", b"bin", None, 3, 2.5]}},
     ]
-    for dtype in ("<i1", "<i2", "<i4", "<i8", "<u1", "<u2", "<u4", "<u8", "<f2", "<f4", "<f8", "|b1"):
+    dtypes = ("<i1", "<i2", "<i4", "<i8", "<u1", "<u2", "<u4", "<u8", "<f2", "<f4", "<f8", "|b1")
+    for dtype in dtypes:
         out.append(rng.integers(0, 2, size=(2, 3)).astype(dtype))
     return out
 
 
 def main():
-    data = open(sys.argv[1], "rb").read()
+    with open(sys.argv[1], "rb") as f:
+        data = f.read()
     decoded = msgpack_numpy.unpackb(data)
     print(json.dumps(describe(decoded)))
     with open(sys.argv[2], "wb") as f:

@@ -50,6 +50,7 @@ from robotd.link.openpi.errors import (
     BadReply,
     CodecError,
     ConnectionLost,
+    OpenpiError,
     ServerError,
 )
 from robotd.link.openpi.health import Endpoint, not_ready, tls_context
@@ -182,7 +183,7 @@ class OpenpiLink:
         except CodecError as exc:
             raise BadReply(f"metadata frame: {exc}") from None
         if not isinstance(metadata, dict):
-            raise BadReply(f"metadata frame: a {type(metadata).__name__}, not a map")
+            raise BadReply(f"metadata frame: not a map but {type(metadata).__name__}")
         return metadata
 
     async def act(self, request: Mapping[str, Any], timeout_s: float) -> dict[Any, Any]:
@@ -207,7 +208,7 @@ class OpenpiLink:
         except CodecError as exc:
             raise self._bad(f"reply: {exc}") from None
         if not isinstance(reply, dict):
-            raise self._bad(f"reply: a {type(reply).__name__}, not a map")
+            raise self._bad(f"reply: not a map but {type(reply).__name__}")
         self._state = replace(self._state, acts=self._state.acts + 1)
         return reply
 
@@ -251,9 +252,11 @@ class OpenpiLink:
         return BadReply(f"{self.endpoint.url}: {message}")
 
     def _failed(self, reason: str) -> None:
-        """Record a failure; the connection (if any) is dropped."""
+        """Record a failure; the connection (if any) is dropped. Logged when it differs
+        from the last one (a long outage is one line, not one a retry)."""
+        repeated = reason == self._state.last_error
         self._drop(reason)
-        log.warning("openpi server %s: %s", self.endpoint.url, reason)
+        (log.debug if repeated else log.warning)("openpi server %s: %s", self.endpoint.url, reason)
 
     def _drop(self, reason: str | None) -> None:
         """Abort the connection, if any; `reason` becomes the last error (None: kept)."""
@@ -289,11 +292,18 @@ def _closed_error(exc: ConnectionClosed, when: str) -> ServerError | ConnectionL
         return ServerError(
             f"server closed with 1011 (internal error) {when}: {reason[:300]}", reason, 1011
         )
-    code = f"code {rcvd.code} {rcvd.reason[:200]!r}" if rcvd is not None else "no close frame"
-    return ConnectionLost(f"connection closed {when} ({code})")
+    if rcvd is not None:
+        how = f"code {rcvd.code} {rcvd.reason[:200]!r}"
+    elif exc.sent is not None:  # e.g. 1009: the server's frame was over max_reply_bytes
+        how = f"closed by robotd: code {exc.sent.code} {exc.sent.reason[:200]!r}"
+    else:
+        how = "no close frame"
+    return ConnectionLost(f"connection closed {when} ({how})")
 
 
 def _describe(exc: BaseException) -> str:
+    if isinstance(exc, OpenpiError):
+        return exc.message
     if isinstance(exc, InvalidStatus):
         status = exc.response.status_code
         if status in (401, 403):

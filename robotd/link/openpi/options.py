@@ -107,9 +107,8 @@ class Input(_Model):
 
     @model_validator(mode="after")
     def _check(self) -> Input:
-        if self.joints is not None:
-            if self.source not in JOINT_SOURCES:
-                raise ValueError(f"joints: only for sources {JOINT_SOURCES}, not {self.source!r}")
+        if self.joints is not None and self.source not in JOINT_SOURCES:
+            raise ValueError(f"joints: only for sources {JOINT_SOURCES}, not {self.source!r}")
         if self.image is not None and not self.is_camera:
             raise ValueError(f"image: only for camera sources, not {self.source!r}")
         if self.default and self.source != TASK:
