@@ -16,7 +16,8 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent.parent
-PINS = ("openpi-server==0.1.0", "openpi-client==0.1.2")
+# typing-extensions: openpi-client's websocket_client_policy imports it without declaring it
+PINS = ("openpi-server==0.1.0", "openpi-client==0.1.2", "typing-extensions>=4.0")
 _STAMP = ".robotd-peer-ok"
 _failed: str | None = None
 
@@ -76,7 +77,7 @@ def _build(root: Path, python: Path) -> None:
         600,
     )
     _run(
-        [str(python), "-c", "import openpi_server, openpi_client.msgpack_numpy"],
+        [str(python), "-c", "import openpi_server, openpi_client.websocket_client_policy"],
         "importing openpi_server in the peer venv",
         60,
     )
