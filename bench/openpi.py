@@ -154,7 +154,7 @@ def _start_native() -> tuple[subprocess.Popen[str], str]:
 
 
 def _start_openpi(log_dir: Path) -> tuple[Path, Any]:
-    from conftest import PeerServer
+    from peer_server import PeerServer
     from peer_venv import PeerUnavailable, peer_python
 
     try:

@@ -257,3 +257,33 @@ def test_metadata_for_status_is_json_safe() -> None:
     json.dumps(safe)
     assert safe["raw"] == "<array float32 [3, 4]>" and safe["n"] == 3 and safe["b"] == "<9 bytes>"
     assert len(safe["s"]) == 200 and len(safe["many"]) == 32
+
+
+def test_close_stops_a_retrying_connect() -> None:
+    """Nothing listens: connect() retries until close(), then ends with ConnectionLost."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]  # closed again: connections to it are refused
+
+    async def main() -> None:
+        link = OpenpiLink(f"ws://127.0.0.1:{port}", FAST)
+        errors: list[BaseException] = []
+
+        async def connect() -> None:
+            try:
+                await link.connect()
+            except ConnectionLost as exc:
+                errors.append(exc)
+
+        with anyio.fail_after(30):
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(connect)
+                while "refused" not in link.state.last_error:
+                    await anyio.sleep(0.01)
+                await link.close()
+        assert errors and "closed" in str(errors[0])
+        assert not link.state.connected and link.state.connects == 0
+
+    anyio.run(main)

@@ -94,7 +94,8 @@ class OpenpiLink:
             tls_context(self.options.ca_file) if self.endpoint.secure else None
         )
         self._encoder = codec.Encoder()
-        self._lock = anyio.Lock()
+        self._lock = anyio.Lock()  # one act in flight
+        self._connecting = anyio.Lock()  # one connect at a time
         self._conn: ClientConnection | None = None
         self._closed = False
         self._rng = random.Random()
@@ -111,6 +112,10 @@ class OpenpiLink:
 
     async def connect(self, *, deadline_s: float | None = None) -> dict[Any, Any]:
         """Connect (see the module contract) and return the server's metadata."""
+        async with self._connecting:
+            return await self._connect(deadline_s)
+
+    async def _connect(self, deadline_s: float | None) -> dict[Any, Any]:
         self._require_open()
         self._drop(None)
         start = time.monotonic()
@@ -146,6 +151,9 @@ class OpenpiLink:
             except BaseException:
                 _abort(conn)
                 raise
+        if self._closed:  # close() was called meanwhile
+            _abort(conn)
+            self._require_open()
         self._conn, self.metadata = conn, metadata
         self._state = replace(
             self._state,
@@ -248,7 +256,6 @@ class OpenpiLink:
 
     def _bad(self, message: str) -> BadReply:
         self._state = replace(self._state, last_error=message)
-        log.warning("openpi server %s: %s", self.endpoint.url, message)
         return BadReply(f"{self.endpoint.url}: {message}")
 
     def _failed(self, reason: str) -> None:
