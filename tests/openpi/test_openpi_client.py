@@ -118,7 +118,7 @@ def test_server_killed_mid_act_and_restarted(openpi_server: Any) -> None:
                     await link.act({"prompt": "sleep:30"}, timeout_s=60)
 
             tg.start_soon(slow_act)
-            await anyio.sleep(0.3)  # let the request go out; the kill is what is tested
+            await anyio.wait_all_tasks_blocked()  # the act is sent and waits for its reply
             await anyio.to_thread.run_sync(server.kill)
         assert not link.state.connected
         await anyio.to_thread.run_sync(server.start)
@@ -200,7 +200,7 @@ def test_server_that_never_answers(openpi_server: Any) -> None:
         t0 = time.monotonic()
         with pytest.raises(ConnectionLost, match=r"no connection within 2 s"):
             await link.connect(deadline_s=2)
-        assert time.monotonic() - t0 < 2 + 1 + 1  # deadline, one attempt's timeout, slack
+        assert time.monotonic() - t0 < 2 + 1 + 3  # deadline, one attempt's timeout, slack
         assert "timed out" in link.state.last_error or "timeout" in link.state.last_error
         await link.close()
 
@@ -242,7 +242,7 @@ def test_silent_port_never_hangs_connect(silent_listener: int, healthz: str) -> 
         t0 = time.monotonic()
         with pytest.raises(ConnectionLost, match=r"no connection within 1\.5 s"):
             await link.connect(deadline_s=1.5)
-        assert time.monotonic() - t0 < 1.5 + 0.5 + 1
+        assert time.monotonic() - t0 < 1.5 + 0.5 + 3
         await link.close()
 
     run(main)
