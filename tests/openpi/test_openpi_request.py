@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
 from robotd.config import load_config
-from robotd.link.fit import fit
+from robotd.frames import fit
 from robotd.link.openpi.errors import BadReply, RequestError
 from robotd.link.openpi.options import ActionsMap, OpenpiOptions
 from robotd.link.openpi.request import build_request, parse_reply

@@ -28,7 +28,7 @@ from typing import Any
 import numpy as np
 
 from robotd.contract import Camera
-from robotd.link.fit import FrameError, fit_and_encode
+from robotd.frames import FrameError, fit_and_encode
 from robotd.link.openpi.errors import BadReply, RequestError
 from robotd.link.openpi.options import (
     MAX_ROWS,
