@@ -26,6 +26,7 @@ from pydantic import (
 )
 
 from robotd.errors import ConfigError, format_validation_error
+from robotd.link.openpi.options import OpenpiOptions
 
 
 def _default_config(repo_file: Path) -> Path:
@@ -129,8 +130,15 @@ class CameraConfig(_Model):
     options: dict[str, Any] = {}
 
 
+class OpenpiConfig(OpenpiOptions):
+    """[policy.openpi], used with policy.link = "openpi": the request mapping (inputs),
+    the action mapping, API key, timeouts and backoff (robotd.link.openpi.options)."""
+
+
 class PolicyConfig(_Model):
-    worker: str = ""  # endpoint of a remote worker; empty = start a local one
+    # zmq: robotd's own link to `robotd serve`; openpi: an openpi websocket policy server
+    link: Literal["zmq", "openpi"] = "zmq"
+    worker: str = ""  # endpoint of a remote worker (ws://host:8000 for openpi); empty = local
     serve: str = "robotd.demo:DotFollower"  # MODULE:CLASS for the local worker
     args: dict[str, Any] = {}
     timeout_s: float = Field(10.0, gt=0)
@@ -143,6 +151,7 @@ class PolicyConfig(_Model):
     # for servers that cannot declare their contract (openpi): validated by robotd.contract
     observations: dict[str, Any] | None = None
     actions: dict[str, Any] | None = None
+    openpi: OpenpiConfig = OpenpiConfig()
 
 
 # The longest socket name robotd makes in the run directory, and the kernel's limit on
@@ -195,6 +204,9 @@ class Config(_Model):
             if vals is not None and any(v <= 0 for v in vals):
                 raise ValueError(f"safety.{key}: every value must be > 0, got {vals}")
         self._check_contract()
+        if self.policy.link == "openpi":
+            streams = (self.policy.observations or {}).get("streams")
+            self.policy.openpi.check(self.policy.worker, list(self.cameras), n, streams)
         clash = set(self.cameras) & {"joints.pos", "joints.vel"}
         for name in self.cameras:
             if not name or not name.replace("_", "").replace("-", "").isalnum():

@@ -1,0 +1,347 @@
+"""The daemon's client for an openpi policy server (websocket, openpi's msgpack format).
+
+Used from the main process's event loop (anyio on asyncio/uvloop):
+
+    link = OpenpiLink("ws://gpu-box:8000", options)   # ValueError for a bad endpoint/key env
+    metadata = await link.connect()                   # retries until connected (or deadline)
+    reply = await link.act(request, timeout_s=10)     # one request in flight
+    link.state                                        # LinkState: connected, since, error
+    await link.close()
+
+The protocol (openpi's WebsocketPolicyServer): after the handshake the server sends one
+binary frame, its metadata; then each binary request frame gets one binary reply frame.
+A failing policy makes the server send its traceback as a text frame and close with 1011.
+
+Contract:
+- `connect()` drops any connection the link holds, then tries until one is made: poll
+  `GET <healthz>` (skipped when options.healthz is ""), handshake (compression off, the
+  `Authorization: Api-Key` header when a key is configured), read the metadata frame, all
+  within `connect_timeout_s` per attempt; between attempts it sleeps a capped exponential
+  backoff with jitter. With `deadline_s` it gives up after that long: ConnectionLost with
+  the last error. Each success is a new server-side session: reset the episode.
+- `act()` sends the request and reads one reply within `timeout_s`, raising exactly one of
+  ActTimeout (the connection is then closed, so a late reply is never read), ServerError
+  (text frame or close 1011, with the server's text; connection gone), ConnectionLost (no
+  connection or it closed; connection gone) or BadReply (an undecodable reply or not a map;
+  connection kept). CodecError before anything is sent for a request that cannot be
+  encoded. Cancelling an act closes the connection too. Never hangs, never raises anything
+  else because of what the server sent.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import random
+import ssl
+import time
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, replace
+from typing import Any
+
+import anyio
+from websockets.asyncio.client import ClientConnection
+from websockets.asyncio.client import connect as ws_connect
+from websockets.exceptions import ConnectionClosed, InvalidStatus, WebSocketException
+
+from robotd.link.openpi import codec
+from robotd.link.openpi.errors import (
+    ActTimeout,
+    BadReply,
+    CodecError,
+    ConnectionLost,
+    OpenpiError,
+    ServerError,
+)
+from robotd.link.openpi.health import Endpoint, not_ready, tls_context
+from robotd.link.openpi.options import OpenpiOptions
+
+log = logging.getLogger("robotd.link.openpi")
+
+MAX_SERVER_TEXT = 64 << 10  # characters of a server's traceback kept
+CLOSE_TIMEOUT_S = 2.0  # a graceful close waits this long for the server's close frame
+INTERNAL_ERROR = 1011
+
+
+@dataclass(frozen=True)
+class LinkState:
+    """A snapshot for status: `connected`; `reconnecting_since` (time.time() when the link
+    lost or had not yet made its connection, None while connected); `last_error` (the
+    newest failure, kept after a reconnect); `connects` (connections made); `acts`
+    (replies received); `metadata` (the server's, JSON-safe, None before the first)."""
+
+    endpoint: str
+    connected: bool = False
+    reconnecting_since: float | None = None
+    last_error: str = ""
+    connects: int = 0
+    acts: int = 0
+    metadata: Any = None
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+class OpenpiLink:
+    """One connection at a time to one openpi server; see the module contract."""
+
+    def __init__(self, endpoint: str, options: OpenpiOptions | None = None) -> None:
+        self.options = options or OpenpiOptions()
+        self.endpoint = Endpoint.parse(endpoint)
+        key = self.options.api_key_value(os.environ)  # ValueError now, not at the first act
+        self._headers = {"Authorization": f"Api-Key {key}"} if key else {}
+        self._ssl: ssl.SSLContext | None = (
+            tls_context(self.options.ca_file) if self.endpoint.secure else None
+        )
+        self._encoder = codec.Encoder()
+        self._lock = anyio.Lock()  # one act in flight
+        self._connecting = anyio.Lock()  # one connect at a time
+        self._conn: ClientConnection | None = None
+        self._closed = False
+        self._rng = random.Random()
+        self.metadata: dict[Any, Any] | None = None
+        self._state = LinkState(endpoint, reconnecting_since=time.time())
+
+    @property
+    def state(self) -> LinkState:
+        return self._state
+
+    @property
+    def connected(self) -> bool:
+        return self._conn is not None
+
+    async def connect(self, *, deadline_s: float | None = None) -> dict[Any, Any]:
+        """Connect (see the module contract) and return the server's metadata."""
+        async with self._connecting:
+            return await self._connect(deadline_s)
+
+    async def _connect(self, deadline_s: float | None) -> dict[Any, Any]:
+        self._require_open()
+        self._drop(None)
+        start = time.monotonic()
+        delay = self.options.backoff_initial_s
+        while True:
+            self._require_open()
+            try:
+                return await self._attempt()
+            except (OSError, TimeoutError, WebSocketException, ServerError, BadReply) as exc:
+                self._failed(_describe(exc))
+            left = None if deadline_s is None else deadline_s - (time.monotonic() - start)
+            if left is not None and left <= 0:
+                raise ConnectionLost(
+                    f"{self.endpoint.url}: no connection within {deadline_s:g} s: "
+                    f"{self._state.last_error}"
+                )
+            pause = delay * (0.75 + 0.25 * self._rng.random())
+            await anyio.sleep(pause if left is None else min(pause, left))
+            delay = min(delay * 2, self.options.backoff_max_s)
+
+    async def _attempt(self) -> dict[Any, Any]:
+        opts = self.options
+        with anyio.fail_after(opts.connect_timeout_s):
+            if opts.healthz:
+                why = await not_ready(
+                    self.endpoint, opts.healthz, self._headers, self._ssl, opts.connect_timeout_s
+                )
+                if why is not None:
+                    raise ConnectionLost(why)
+            conn = await self._open()
+            try:
+                metadata = await self._metadata(conn)
+            except BaseException:
+                _abort(conn)
+                raise
+        if self._closed:  # close() was called meanwhile
+            _abort(conn)
+            self._require_open()
+        self._conn, self.metadata = conn, metadata
+        self._state = replace(
+            self._state,
+            connected=True,
+            reconnecting_since=None,
+            connects=self._state.connects + 1,
+            metadata=json_safe(metadata),
+        )
+        log.info("openpi server %s connected (metadata: %.200r)", self.endpoint.url, metadata)
+        return metadata
+
+    async def _open(self) -> ClientConnection:
+        kwargs: dict[str, Any] = {"ssl": self._ssl} if self._ssl is not None else {}
+        return await ws_connect(
+            self.endpoint.url,
+            compression=None,
+            max_size=self.options.max_reply_bytes,
+            additional_headers=self._headers,
+            user_agent_header="robotd",
+            proxy=None,
+            open_timeout=None,  # bounded by connect_timeout_s around the whole attempt
+            close_timeout=CLOSE_TIMEOUT_S,
+            **kwargs,
+        )
+
+    async def _metadata(self, conn: ClientConnection) -> dict[Any, Any]:
+        try:
+            frame = await conn.recv()
+        except ConnectionClosed as exc:
+            raise _closed_error(exc, "before sending its metadata") from None
+        if isinstance(frame, str):
+            raise _server_text(frame, "instead of its metadata")
+        try:
+            metadata = codec.unpackb(frame, max_bytes=self.options.max_reply_bytes)
+        except CodecError as exc:
+            raise BadReply(f"metadata frame: {exc}") from None
+        if not isinstance(metadata, dict):
+            raise BadReply(f"metadata frame: not a map but {type(metadata).__name__}")
+        return metadata
+
+    async def act(self, request: Mapping[str, Any], timeout_s: float) -> dict[Any, Any]:
+        """One request, one reply (see the module contract)."""
+        if not timeout_s > 0:
+            raise ValueError(f"timeout_s must be > 0, got {timeout_s}")
+        payload = self._encoder.encode(request)  # CodecError: nothing sent
+        with anyio.move_on_after(timeout_s) as scope:
+            async with self._lock:
+                conn = self._require_conn()
+                frame = await self._exchange(conn, payload)
+        if scope.cancelled_caught:
+            reason = f"no reply within {timeout_s:g} s; connection closed"
+            self._failed(reason)
+            raise ActTimeout(f"{self.endpoint.url}: {reason}")
+        if isinstance(frame, str):
+            err = _server_text(frame, "instead of a reply")
+            self._drop(err.message)
+            raise err
+        try:
+            reply = codec.unpackb(frame, max_bytes=self.options.max_reply_bytes)
+        except CodecError as exc:
+            raise self._bad(f"reply: {exc}") from None
+        if not isinstance(reply, dict):
+            raise self._bad(f"reply: not a map but {type(reply).__name__}")
+        self._state = replace(self._state, acts=self._state.acts + 1)
+        return reply
+
+    async def _exchange(self, conn: ClientConnection, payload: bytes) -> str | bytes:
+        try:
+            await conn.send(payload)
+            return await conn.recv()
+        except ConnectionClosed as exc:
+            err = _closed_error(exc, "during an act")
+            self._drop(err.message)
+            raise err from None
+        except BaseException:  # timed out or cancelled mid-act: never read a late reply
+            self._drop("act cancelled")
+            raise
+
+    async def close(self) -> None:
+        """Close the connection (gracefully, bounded) and refuse further use. Idempotent."""
+        self._closed = True
+        conn, self._conn = self._conn, None
+        if conn is not None:
+            with anyio.move_on_after(CLOSE_TIMEOUT_S + 0.5):
+                await conn.close()
+            _abort(conn)
+        self._state = replace(self._state, connected=False)
+
+    def _require_open(self) -> None:
+        if self._closed:
+            raise ConnectionLost(f"{self.endpoint.url}: the link is closed")
+
+    def _require_conn(self) -> ClientConnection:
+        self._require_open()
+        if self._conn is None:
+            raise ConnectionLost(
+                f"{self.endpoint.url}: not connected ({self._state.last_error or 'never was'})"
+            )
+        return self._conn
+
+    def _bad(self, message: str) -> BadReply:
+        self._state = replace(self._state, last_error=message)
+        return BadReply(f"{self.endpoint.url}: {message}")
+
+    def _failed(self, reason: str) -> None:
+        """Record a failure; the connection (if any) is dropped. Logged when it differs
+        from the last one (a long outage is one line, not one a retry)."""
+        repeated = reason == self._state.last_error
+        self._drop(reason)
+        (log.debug if repeated else log.warning)("openpi server %s: %s", self.endpoint.url, reason)
+
+    def _drop(self, reason: str | None) -> None:
+        """Abort the connection, if any; `reason` becomes the last error (None: kept)."""
+        conn, self._conn = self._conn, None
+        if conn is not None:
+            _abort(conn)
+        was = self._state
+        self._state = replace(
+            was,
+            connected=False,
+            reconnecting_since=was.reconnecting_since or time.time(),
+            last_error=was.last_error if reason is None else reason,
+        )
+
+
+def _abort(conn: ClientConnection) -> None:
+    """Close at once, without a closing handshake: nothing more is read from it."""
+    transport = getattr(conn, "transport", None)
+    if transport is not None:
+        transport.abort()
+
+
+def _server_text(text: str, when: str) -> ServerError:
+    kept = text[:MAX_SERVER_TEXT]
+    last = next((ln for ln in reversed(kept.strip().splitlines()) if ln.strip()), "")
+    return ServerError(f"server error {when}: {last[:300] or '(empty text frame)'}", kept)
+
+
+def _closed_error(exc: ConnectionClosed, when: str) -> ServerError | ConnectionLost:
+    rcvd = exc.rcvd
+    if rcvd is not None and rcvd.code == INTERNAL_ERROR:
+        reason = rcvd.reason[:MAX_SERVER_TEXT]
+        return ServerError(
+            f"server closed with 1011 (internal error) {when}: {reason[:300]}", reason, 1011
+        )
+    if rcvd is not None:
+        how = f"code {rcvd.code} {rcvd.reason[:200]!r}"
+    elif exc.sent is not None:  # e.g. 1009: the server's frame was over max_reply_bytes
+        how = f"closed by robotd: code {exc.sent.code} {exc.sent.reason[:200]!r}"
+    else:
+        how = "no close frame"
+    return ConnectionLost(f"connection closed {when} ({how})")
+
+
+def _describe(exc: BaseException) -> str:
+    if isinstance(exc, OpenpiError):
+        return exc.message
+    if isinstance(exc, InvalidStatus):
+        status = exc.response.status_code
+        if status in (401, 403):
+            return f"the server refused the API key (HTTP {status})"
+        return f"the handshake was refused (HTTP {status})"
+    if isinstance(exc, TimeoutError):
+        return "no connection and metadata within the connect timeout"
+    text = getattr(exc, "message", None) or str(exc) or type(exc).__name__
+    return f"{type(exc).__name__}: {text}"[:500]
+
+
+def json_safe(value: Any, depth: int = 0) -> Any:
+    """`value` (the server's metadata) made JSON-safe and small for status: arrays and
+    bytes are described, strings, lists and maps are cut short."""
+    if depth > 4:
+        return "..."
+    if isinstance(value, dict):
+        items = list(value.items())[:32]
+        return {_key(k): json_safe(v, depth + 1) for k, v in items}
+    if isinstance(value, list):
+        return [json_safe(v, depth + 1) for v in value[:32]]
+    if isinstance(value, str):
+        return value[:200]
+    if isinstance(value, bytes):
+        return f"<{len(value)} bytes>"
+    if hasattr(value, "dtype") and hasattr(value, "shape"):
+        if getattr(value, "ndim", 1) == 0:
+            return value.item()
+        return f"<array {value.dtype} {list(value.shape)}>"
+    return value if isinstance(value, bool | int | float | type(None)) else repr(value)[:200]
+
+
+def _key(k: Any) -> str:
+    return k.decode("utf-8", "replace")[:100] if isinstance(k, bytes) else str(k)[:100]

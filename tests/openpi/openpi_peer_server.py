@@ -1,0 +1,110 @@
+"""An openpi policy server for the tests and the bench: openpi-server's own
+WebsocketPolicyServer (from PyPI) serving a small test policy. Runs in the peer venv.
+
+    python openpi_peer_server.py --port P [--policy test|nowork] [--metadata JSON]
+                                 [--tls CERT KEY] [--api-key KEY]
+
+Without --tls and --api-key it is `WebsocketPolicyServer(...).serve_forever()`, unchanged.
+With either, the same server's connection handler and health check are served through
+websockets with TLS and/or a check of the `Authorization: Api-Key` header (what a
+deployment puts in front of openpi's server).
+
+The test policy reads `prompt`: "raise" raises RuntimeError("test policy failure"),
+"hang" blocks forever (openpi's server then answers nothing, not even /healthz),
+"sleep:S" sleeps S seconds first. It answers `actions` = the request's `want_actions`
+(else zeros 10x8 float32) and `echo`: per request key, its type, dtype, shape and a
+checksum, so a test can see exactly what arrived.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import http
+import json
+import time
+
+import numpy as np
+import websockets.asyncio.server as ws_server
+from openpi_client import base_policy
+from openpi_server import websocket_policy_server as wps
+from peer_describe import describe
+
+ZEROS = np.zeros((10, 8), dtype=np.float32)
+
+
+class TestPolicy(base_policy.BasePolicy):
+    def infer(self, obs):
+        prompt = obs.get("prompt", "")
+        if prompt == "raise":
+            raise RuntimeError("test policy failure")
+        if prompt == "hang":
+            time.sleep(3600)
+        if isinstance(prompt, str) and prompt.startswith("sleep:"):
+            time.sleep(float(prompt[6:]))
+        actions = obs.get("want_actions", ZEROS)
+        return {"actions": actions, "echo": describe(obs)}
+
+
+class NoWorkPolicy(base_policy.BasePolicy):
+    """The bench's policy: does no work, answers 10x8 float32 zeros."""
+
+    def infer(self, obs):
+        return {"actions": ZEROS}
+
+
+def guarded(api_key):
+    """openpi's health check, then (for the websocket) the API key check."""
+    want = f"Api-Key {api_key}"
+
+    def process_request(connection, request):
+        answer = wps._health_check(connection, request)
+        if answer is not None or api_key is None:
+            return answer
+        if request.headers.get("Authorization") != want:
+            return connection.respond(http.HTTPStatus.UNAUTHORIZED, "bad api key\n")
+        return None
+
+    return process_request
+
+
+async def serve_wrapped(server, host, port, ssl_ctx, api_key):
+    async with ws_server.serve(
+        server._handler,
+        host,
+        port,
+        compression=None,
+        max_size=None,
+        process_request=guarded(api_key),
+        ssl=ssl_ctx,
+    ) as srv:
+        await srv.serve_forever()
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--host", default="127.0.0.1")
+    ap.add_argument("--port", type=int, required=True)
+    ap.add_argument("--policy", choices=("test", "nowork"), default="test")
+    ap.add_argument("--metadata", default="{}")
+    ap.add_argument("--tls", nargs=2, metavar=("CERT", "KEY"))
+    ap.add_argument("--api-key")
+    args = ap.parse_args()
+    policy = TestPolicy() if args.policy == "test" else NoWorkPolicy()
+    server = wps.WebsocketPolicyServer(
+        policy, host=args.host, port=args.port, metadata=json.loads(args.metadata)
+    )
+    if args.tls is None and args.api_key is None:
+        server.serve_forever()
+        return
+    ssl_ctx = None
+    if args.tls:
+        import ssl
+
+        ssl_ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+        ssl_ctx.load_cert_chain(*args.tls)
+    asyncio.run(serve_wrapped(server, args.host, args.port, ssl_ctx, args.api_key))
+
+
+if __name__ == "__main__":
+    main()
