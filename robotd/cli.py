@@ -7,7 +7,7 @@ import json
 import sys
 from pathlib import Path
 
-from robotd.config import DEFAULT_CONFIG, _parse_value, load_config
+from robotd.config import DEFAULT_CONFIG, Config, _parse_value, load_config
 from robotd.errors import ConfigError
 
 
@@ -58,6 +58,10 @@ def _parser() -> argparse.ArgumentParser:
     serve.add_argument("--max-worker-mib", type=int, default=1024)
     serve.add_argument("--args-json", default=None, help=argparse.SUPPRESS)
 
+    unit = sub.add_parser("unit", help="print the systemd unit for this installation")
+    unit.add_argument("--prefix", type=Path, default=None, help="where robotd is installed")
+    unit.add_argument("--config", default="/etc/robotd/robot.toml", help="the robot's config")
+
     check = sub.add_parser("check", help="validate a robot config and print it resolved")
     check.add_argument("--config", type=Path, default=DEFAULT_CONFIG)
     check.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
@@ -72,6 +76,23 @@ def _policy_kwargs(args: argparse.Namespace) -> dict:
             raise SystemExit(f"robotd serve: --arg {item!r}: expected KEY=VALUE")
         kwargs[key] = _parse_value(value)
     return kwargs
+
+
+def _print_unit(args: argparse.Namespace) -> int:
+    from robotd.unit import render_unit
+
+    print(render_unit(args.prefix, config=args.config), end="")
+    return 0
+
+
+def _load_checked(args: argparse.Namespace) -> Config:
+    """The config, with what start-up needs before anything moves: tcp endpoints only with
+    usable CURVE keys."""
+    from robotd.operator.server import check_operator
+
+    cfg = load_config(args.config, args.overrides)
+    check_operator(cfg, str(args.config))
+    return cfg
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -107,8 +128,10 @@ def main(argv: list[str] | None = None) -> int:
         except KeyboardInterrupt:  # Ctrl-C reaches the whole process group: a clean stop
             return 0
         return 0
+    if args.command == "unit":
+        return _print_unit(args)
     try:
-        cfg = load_config(args.config, args.overrides)
+        cfg = _load_checked(args)
     except ConfigError as exc:
         print(f"robotd: {exc}", file=sys.stderr)
         return 2

@@ -11,6 +11,7 @@ from __future__ import annotations
 import copy
 import importlib.resources
 import os
+import stat
 import tomllib
 from collections.abc import Iterable, Sequence
 from pathlib import Path
@@ -42,6 +43,10 @@ def _default_config(repo_file: Path) -> Path:
 DEFAULT_CONFIG = _default_config(Path(__file__).resolve().parent.parent / "config" / "sim.toml")
 
 PositiveFloat = Annotated[float, Field(gt=0)]
+# A safety limit: NaN would make every comparison false (and the shield's clamp emit NaN),
+# inf no limit at all, zero or less a robot that cannot move.
+FiniteFloat = Annotated[float, Field(allow_inf_nan=False)]
+SafetyLimit = Annotated[float, Field(gt=0, allow_inf_nan=False)]
 
 
 class _Model(BaseModel):
@@ -84,8 +89,8 @@ class JointsConfig(_Model):
     driver: str = "sim"
     names: list[str] = Field(min_length=1)
     grippers: list[str] = []
-    lower: list[float]
-    upper: list[float]
+    lower: list[FiniteFloat]
+    upper: list[FiniteFloat]
     options: dict[str, Any] = {}
 
     @model_validator(mode="after")
@@ -112,9 +117,10 @@ class JointsConfig(_Model):
 
 
 class SafetyConfig(_Model):
-    clip_tolerance: float = Field(0.05, ge=0)  # out of limits by at most this → clipped
-    max_velocity: list[float] | None = None  # per joint, units/s; None = no velocity limit
-    max_acceleration: list[float] | None = None  # per joint, units/s²
+    # out of limits by at most this → clipped (0: nothing is clipped, all rejected)
+    clip_tolerance: float = Field(0.05, ge=0, allow_inf_nan=False)
+    max_velocity: list[SafetyLimit] | None = None  # per joint, units/s; None = no limit
+    max_acceleration: list[SafetyLimit] | None = None  # per joint, units/s²
     reject_run: int = Field(5, ge=1)  # this many rejected actions in a row latch FAULT
     estop_category: Literal[0, 1] = 1
     driver_fault_run: int = Field(3, ge=1)  # consecutive failed ticks before the driver is faulted
@@ -161,10 +167,28 @@ _SUN_PATH_MAX = 107
 
 
 class RuntimeConfig(_Model):
-    dir: str = ""  # run directory; empty = $RUNTIME_DIRECTORY or /tmp/robotd-<uid>
+    dir: str = ""  # empty = $RUNTIME_DIRECTORY, $XDG_RUNTIME_DIR/robotd or /tmp/robotd-<uid>
     control_endpoint: str = ""  # operator socket; empty = ipc://<dir>/control.sock
     telemetry_endpoint: str = ""  # empty = ipc://<dir>/telemetry.sock
     telemetry_hz: float = Field(10.0, gt=0, le=100)
+    # Over tcp the operator sockets are CURVE servers (`robotctl keygen` makes the files):
+    curve_secret_key: str = ""  # the daemon's key pair: a zmq .key_secret file
+    curve_clients: str = ""  # directory of the authorised clients' public .key files
+
+    @model_validator(mode="after")
+    def _endpoints_served(self) -> RuntimeConfig:
+        for key in ("control_endpoint", "telemetry_endpoint"):
+            ep = getattr(self, key)
+            if not ep or ep.startswith("ipc://"):
+                continue
+            if not ep.startswith("tcp://"):
+                raise ValueError(f"{key}: {ep!r}: only ipc:// and tcp:// endpoints are served")
+            if not (self.curve_secret_key and self.curve_clients):
+                raise ValueError(
+                    f"{key}: {ep!r} is tcp, which is served only with CURVE keys: set "
+                    "runtime.curve_secret_key and runtime.curve_clients (robotctl keygen)"
+                )
+        return self
 
     @field_validator("dir")
     @classmethod
@@ -338,7 +362,25 @@ def runtime_dir(cfg: Config) -> Path:
     """Where sockets, the trace and the summary live for this run."""
     if cfg.runtime.dir:
         return Path(cfg.runtime.dir)
+    return default_run_dir()
+
+
+SERVICE_RUN_DIR = Path("/run/robotd")  # systemd's RuntimeDirectory=robotd
+
+
+def default_run_dir() -> Path:
+    """The run directory when the config names none: systemd's RuntimeDirectory when the
+    service runs, else the user's runtime directory ($XDG_RUNTIME_DIR/robotd), else
+    /tmp/robotd-<uid>."""
     env = os.environ.get("RUNTIME_DIRECTORY")
     if env:
         return Path(env.split(":")[0])
-    return Path(f"/tmp/robotd-{os.getuid()}")
+    xdg = os.environ.get("XDG_RUNTIME_DIR")
+    if xdg and os.path.isabs(xdg):
+        try:
+            st = os.stat(xdg)
+        except OSError:
+            st = None
+        if st is not None and stat.S_ISDIR(st.st_mode) and st.st_uid == os.geteuid():
+            return Path(xdg) / "robotd"
+    return Path(f"/tmp/robotd-{os.geteuid()}")

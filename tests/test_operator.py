@@ -86,8 +86,29 @@ def test_estop_always_latches_and_cuts_torque(client):
         (
             wire.packb({"id": 10, "cmd": "verdict", "args": {"success": "yes"}}),
             "bad_args",
-            "args.success",
+            "args.success must be bool",
         ),
+        (
+            wire.packb({"id": 11, "cmd": "estop", "args": {"reason": "x" * 201}}),
+            "bad_args",
+            "at most 200",
+        ),
+        (
+            wire.packb({"id": 12, "cmd": "stop", "args": {"now": True}}),
+            "bad_args",
+            "unknown: now",
+        ),
+        (
+            wire.packb({"id": 13, "cmd": "status", "args": {"a": {"b": {"c": [1]}}}}),
+            "bad_request",
+            "nested deeper than 4",
+        ),
+        (
+            wire.packb({"id": 14, "cmd": "reset_done", "args": {"pad": "x" * 20_000}}),
+            "too_large",
+            "at most 16384 bytes",
+        ),
+        (wire.packb({"id": [1, 2], "cmd": "status"}), "bad_request", "'id' must be"),
     ],
 )
 def test_malformed_requests_get_an_error_and_change_nothing(daemon, client, payload, code, words):
@@ -96,17 +117,68 @@ def test_malformed_requests_get_an_error_and_change_nothing(daemon, client, payl
     assert reply["ok"] is False
     assert reply["error"]["code"] == code and words in reply["error"]["message"]
     sent = wire.unpackb(payload) if payload[:1] != b"\xc1" else None
-    if isinstance(sent, dict) and "id" in sent:
+    if isinstance(sent, dict) and isinstance(sent.get("id"), int) and code != "too_large":
         assert reply["id"] == sent["id"]  # a client matches the error to its request
     assert client.request("status")["result"]["state"] == before
 
 
 def test_verdict_stats_params(client):
-    v = client.request("verdict", {"success": True, "notes": "clean grasp"})["result"]
-    assert v["success"] is True and v["notes"] == "clean grasp"
+    v = client.request("verdict", {"success": True, "notes": "clean grasp", "replace": True})
+    assert v["result"]["success"] is True and v["result"]["notes"] == "clean grasp"
     stats = client.request("stats")["result"]
     assert stats["ticks"] > 0 and stats["verdicts"][-1]["notes"] == "clean grasp"
     assert client.request("params")["result"]["control"]["hz"] == 30
+
+
+def test_a_second_verdict_is_refused_naming_the_first_unless_replaced(client):
+    client.request("clear_fault")
+    episode = client.request("start")["result"]["episode"]
+    first = client.request("verdict", {"success": True, "notes": "clean grasp"})
+    assert first["ok"] and first["result"]["episode"] == episode
+    second = client.request("verdict", {"success": False})
+    assert second["error"]["code"] == "verdict_exists"
+    assert f"episode {episode} already has a verdict: success" in second["error"]["message"]
+    assert "clean grasp" in second["error"]["message"]
+    replaced = client.request("verdict", {"success": False, "notes": "dropped", "replace": True})
+    assert replaced["ok"] and replaced["result"]["success"] is False
+    mine = [v for v in client.request("stats")["result"]["verdicts"] if v["episode"] == episode]
+    assert len(mine) == 1 and mine[0]["notes"] == "dropped"
+    client.request("stop")
+    client.request("reset_done")
+
+
+def test_start_takes_a_task_and_params_set_is_refused_by_name(daemon, client):
+    client.request("clear_fault")
+    started = client.request("start", {"task": "put the red cube in the bowl"})
+    assert started["ok"], started
+    daemon.wait_line(r"operator: start task='put the red cube in the bowl'")
+    client.request("stop")
+    client.request("reset_done")
+    unknown = client.request("params", {"set": {"control.nope": 1}})
+    assert unknown["error"]["code"] == "bad_args" and "control.nope" in unknown["error"]["message"]
+    refused = client.request("params", {"set": {"control.hz": 50}})
+    assert refused["error"]["code"] == "not_supported"
+    assert client.request("params")["result"]["control"]["hz"] == 30
+
+
+def test_a_huge_request_is_refused_unread_and_logged_short(daemon, client):
+    before = client.request("status")["result"]["state"]
+    reply = raw_request(
+        daemon.control_endpoint,
+        wire.packb({"id": 1, "cmd": "reset_done", "args": {"task": "x" * 500_000}}),
+    )
+    assert reply["error"]["code"] == "too_large"
+    # over a megabyte the frame is not even taken in: ZeroMQ drops that peer, no reply
+    sock = zmq.Context.instance().socket(zmq.DEALER)
+    sock.setsockopt(zmq.LINGER, 0)
+    sock.connect(daemon.control_endpoint)
+    try:
+        sock.send(wire.packb({"id": 2, "cmd": "reset_done", "args": {"task": "x" * (50 << 20)}}))
+        assert not sock.poll(1000)
+    finally:
+        sock.close()
+    assert client.request("status")["result"]["state"] == before
+    assert max(len(line) for line in daemon.log) < 1000  # arguments only ever summarised
 
 
 def test_robotctl_command_line(daemon):
@@ -119,7 +191,7 @@ def test_robotctl_command_line(daemon):
         text=True,
         timeout=30,
     )
-    assert out.returncode == 0 and '"state"' in out.stdout
+    assert out.returncode == 0 and out.stdout.startswith("state ")
     bad = subprocess.run(
         [sys.executable, "-m", "robotd.operator.robotctl", "reset_done"],
         cwd=REPO,
@@ -131,20 +203,9 @@ def test_robotctl_command_line(daemon):
     assert bad.returncode == 1 and "reset_done: bad_state" in bad.stderr
 
 
-def test_robotctl_without_a_daemon_says_so(tmp_path):
-    env = {**os.environ, "ROBOTD_ENDPOINT": f"ipc://{tmp_path}/none.sock"}
-    out = subprocess.run(
-        [sys.executable, "-m", "robotd.operator.robotctl", "status", "--timeout", "0.5"],
-        cwd=REPO,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=30,
-    )
-    assert out.returncode == 3 and "is robotd running" in out.stderr
-
-
-def test_estop_reaches_the_lane_even_when_the_main_process_hangs(daemon, client):
+def test_estop_when_the_main_process_hangs_is_confirmed_by_the_lane(
+    daemon, client
+):
     import signal
 
     from tests.daemon_util import wait_until
@@ -164,11 +225,13 @@ def test_estop_reaches_the_lane_even_when_the_main_process_hangs(daemon, client)
         )
     finally:
         os.kill(daemon.proc.pid, signal.SIGCONT)
-    assert out.returncode == 0 and "straight to the control lane" in out.stderr
+    # The control lane itself acknowledged it on lane.sock: that is a confirmation.
+    assert out.returncode == 0, out.stderr
+    assert "FAULT — e-stop" in out.stdout and "via      lane.sock" in out.stdout
 
     def latched() -> bool:
         st = client.request("status")["result"]
         return st["state"] == "FAULT" and st["fault"]["cause"] == "estop"
 
-    wait_until(latched, 10, "the lane's e-stop to show in status")
+    wait_until(latched, 10, "the lane's e-stop to show in status")  # it was taken all the same
     client.request("clear_fault")

@@ -301,12 +301,14 @@ class Kernel:
             if verdict.fault:
                 reason = f"{self.cfg.safety.reject_run} rejected actions in a row: "
                 self._fault("safety", reason + verdict.reason)
-            return self._held(self.step)
+            # the rejection's target is already this tick's hold (a controlled stop)
+            return self._held(self.step, verdict.target)
         self.watchdog.played()
         return verdict.target
 
-    def _held(self, step: int | None) -> np.ndarray | None:
-        target = self.shield.hold() if self.latch.anchored else None
+    def _held(self, step: int | None, target: np.ndarray | None = None) -> np.ndarray | None:
+        if target is None:
+            target = self.shield.hold() if self.latch.anchored else None
         if step is not None:
             self.counters.holds += 1
             if self.watchdog.held():

@@ -5,6 +5,13 @@ Checks, in order: shape/dtype/finite (reject), position limits with a clip toler
 A run of `reject_run` rejections asks the caller to latch FAULT. The shield works
 on absolute joint targets; delta and velocity actions are turned into targets by
 the kernel first, so one set of limits covers every control mode.
+
+Contract (property-tested): every target it hands out is finite and within
+[lower, upper]; its per-tick step is within the velocity bound and its change of
+step within the acceleration bound. With an acceleration bound a joint cannot stop
+at once, so the shield also keeps every step short enough to brake before the
+position limits, and a hold (or a rejection) is a controlled stop at the
+acceleration bound rather than a dead stop.
 """
 
 from __future__ import annotations
@@ -29,6 +36,18 @@ class Verdict:
 def _clip(x: np.ndarray, lo: np.ndarray, hi: np.ndarray) -> np.ndarray:
     # np.clip's Python-level dispatch costs several µs on a handful of joints; this is two ufuncs.
     return np.minimum(np.maximum(x, lo), hi)
+
+
+def braking_step(room: np.ndarray, dstep: np.ndarray) -> np.ndarray:
+    """The largest step towards a limit `room` away from which the joint can still stop in
+    time, slowing by `dstep` a tick: the largest v with v + (v-d) + (v-2d) + ... <= room.
+
+    For v in [n d, (n+1) d) that sum is (n+1) v - d n (n+1) / 2, and it reaches
+    d n (n+1) / 2 at v = n d, which gives n and then v in closed form.
+    """
+    room = np.maximum(room, 0.0)
+    n = np.floor((np.sqrt(1.0 + 8.0 * room / dstep) - 1.0) / 2.0)
+    return (room + dstep * n * (n + 1.0) / 2.0) / (n + 1.0)
 
 
 class Shield:
@@ -73,8 +92,38 @@ class Shield:
     def _reject(self, reason: str) -> Verdict:
         self.counters.rejected += 1
         self._run += 1
-        assert self._last is not None
-        return Verdict(self._last, REJECTED, reason, fault=self._run >= self.reject_run)
+        return Verdict(self.hold(), REJECTED, reason, fault=self._run >= self.reject_run)
+
+    def _step_range(self) -> tuple[np.ndarray, np.ndarray] | None:
+        """The steps allowed this tick: velocity bound, acceleration bound, braking room."""
+        assert self._last is not None and self._prev_step is not None
+        if self.max_dstep is None:
+            if self.max_step is None:
+                return None
+            return -self.max_step, self.max_step
+        d = self.max_dstep
+        lo = np.maximum(self._prev_step - d, -braking_step(self._last - self.lower, d))
+        hi = np.minimum(self._prev_step + d, braking_step(self.upper - self._last, d))
+        if self.max_step is not None:
+            lo = np.maximum(lo, -self.max_step)
+            hi = np.minimum(hi, self.max_step)
+        # Never empty in exact arithmetic (slowing down by d is always allowed); rounding
+        # could cross them by an ulp: the braking step lies within both then.
+        crossed = lo > hi
+        if crossed.any():
+            brake = self._brake_step()
+            lo = np.where(crossed, brake, lo)
+            hi = np.where(crossed, brake, hi)
+        return lo, hi
+
+    def _brake_step(self) -> np.ndarray:
+        """This tick's step of a controlled stop: the last step slowed by the acceleration
+        bound (zero at once without one)."""
+        assert self._prev_step is not None
+        if self.max_dstep is None:
+            return np.zeros_like(self._prev_step)
+        u = self._prev_step
+        return np.sign(u) * np.maximum(np.abs(u) - self.max_dstep, 0.0)
 
     def check(self, target: object) -> Verdict:
         """Pass, clip, clamp or reject one absolute joint target."""
@@ -106,27 +155,33 @@ class Shield:
             # Own the target: the queue hands out a row buffer it overwrites on the next pop.
             target = target.astype(np.float64, copy=True)
         step = target - self._last
-        limited = step
-        if self.max_dstep is not None:
-            limited = _clip(
-                limited, self._prev_step - self.max_dstep, self._prev_step + self.max_dstep
-            )
-        if self.max_step is not None:
-            limited = _clip(limited, -self.max_step, self.max_step)
-        if limited is not step and (limited != step).any():
-            worst = int(np.argmax(np.abs(step - limited)))
-            self.counters.clamped += 1
-            name = self.names[worst]
-            self.counters.per_joint[name] = self.counters.per_joint.get(name, 0) + 1
-            target = self._last + limited
-            outcome, reason = CLAMPED, f"{name} rate limited"
-        self._prev_step = target - self._last
-        self._last = target
+        allowed = self._step_range()
+        if allowed is not None:
+            limited = _clip(step, *allowed)
+            if (limited != step).any():
+                worst = int(np.argmax(np.abs(step - limited)))
+                self.counters.clamped += 1
+                name = self.names[worst]
+                self.counters.per_joint[name] = self.counters.per_joint.get(name, 0) + 1
+                # (the final clip only absorbs rounding: the step range keeps within limits)
+                target = _clip(self._last + limited, self.lower, self.upper)
+                outcome, reason = CLAMPED, f"{name} rate limited"
+        self._advance(target)
         self._run = 0
         return Verdict(target, outcome, reason)
 
-    def hold(self) -> np.ndarray:
-        """The last target that passed: always within limits, zero velocity."""
+    def _advance(self, target: np.ndarray) -> None:
         assert self._last is not None
-        self._prev_step = np.zeros_like(self._last)
+        self._prev_step = target - self._last
+        self._last = target
+
+    def hold(self) -> np.ndarray:
+        """This tick's hold: the last target when the joint is still (or without an
+        acceleration bound), else the next step of a controlled stop. Call once a tick."""
+        assert self._last is not None
+        brake = self._brake_step()
+        if not brake.any():
+            self._prev_step = brake
+            return self._last
+        self._advance(_clip(self._last + brake, self.lower, self.upper))
         return self._last

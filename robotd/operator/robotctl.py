@@ -1,10 +1,16 @@
 """`robotctl`: the operator's command-line client, with a live view.
 
-    robotctl status | start | stop | estop | clear_fault | reset_done | params | stats
-    robotctl verdict --success|--failure [--notes TEXT]
-    robotctl watch          # live view from the telemetry socket
+    robotctl status | stop | estop | clear_fault | reset_done | stats   [--json]
+    robotctl start [--task TEXT]
+    robotctl params [set KEY=VALUE ...]
+    robotctl verdict --success|--failure [--notes TEXT] [--replace]
+    robotctl watch                       # live view; `e` sends an e-stop
+    robotctl keygen [--dir DIR] [--name NAME]
 
-The endpoint comes from --endpoint, else from the robot config's run directory.
+Exit codes: 0 ok, 1 the daemon answered with an error, 2 no daemon answered (at once
+when its socket file is missing or dead, after --timeout, default 1 s, otherwise),
+64 a usage error, 78 a bad config or key file. Output is for people unless --json
+(one JSON object on stdout, errors too).
 """
 
 from __future__ import annotations
@@ -13,175 +19,183 @@ import argparse
 import json
 import os
 import sys
-import time
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
-import zmq
-
-from robotd import wire
-from robotd.config import DEFAULT_CONFIG, load_config, runtime_dir
 from robotd.errors import ConfigError
-from robotd.operator.server import endpoints
+from robotd.operator import humane
+from robotd.operator.client import (
+    DEFAULT_TIMEOUT_S,
+    ControlClient,
+    Unreachable,
+    estop_via_lane,
+    request_once,
+)
+from robotd.operator.curve import KeyFileError, keygen
+from robotd.operator.locate import LocateError, Target, default_key_file, locate
 
-COMMANDS = [
-    "status",
-    "start",
-    "stop",
-    "estop",
-    "clear_fault",
-    "reset_done",
-    "params",
-    "stats",
-    "verdict",
-    "watch",
-]
+EXIT_OK, EXIT_ERROR, EXIT_UNREACHABLE, EXIT_USAGE, EXIT_CONFIG = 0, 1, 2, 64, 78
+__all__ = ["ControlClient", "estop", "main"]
 
-
-class ControlClient:
-    """A DEALER on the operator socket; one request at a time, each with its own id."""
-
-    def __init__(self, endpoint: str, timeout_s: float = 3.0) -> None:
-        self.ctx = zmq.Context.instance()
-        self.sock = self.ctx.socket(zmq.DEALER)
-        self.sock.setsockopt(zmq.LINGER, 0)
-        self.sock.connect(endpoint)
-        self.timeout_ms = int(timeout_s * 1000)
-        self._id = int(time.time() * 1000) % 1_000_000
-
-    def request(self, cmd: str, args: dict[str, Any] | None = None) -> dict[str, Any]:
-        self._id += 1
-        self.sock.send(wire.packb({"id": self._id, "cmd": cmd, "args": args or {}}))
-        deadline = time.monotonic() + self.timeout_ms / 1000
-        while True:
-            left = int((deadline - time.monotonic()) * 1000)
-            if left <= 0 or not self.sock.poll(left):
-                raise TimeoutError(f"no reply to {cmd!r} within {self.timeout_ms} ms")
-            reply = wire.unpackb(self.sock.recv())
-            if isinstance(reply, dict) and reply.get("id") == self._id:
-                return reply
-
-    def close(self) -> None:
-        self.sock.close(linger=0)
+SIMPLE = ["status", "stop", "estop", "clear_fault", "reset_done", "stats"]
 
 
-def estop_direct(control_endpoint: str, reason: str = "", timeout_s: float = 1.0) -> bool:
-    """Send an e-stop straight to the control lane's own socket (lane.sock, beside
-    control.sock) and wait for its acknowledgement; False when none comes (no lane there)."""
-    from robotd.lane import codec
-    from robotd.lane.messages import Estop, Reply
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> NoReturn:  # argparse's 2 means "unreachable" here
+        self.print_usage(sys.stderr)
+        self.exit(EXIT_USAGE, f"{self.prog}: error: {message}\n")
 
-    if not control_endpoint.startswith("ipc://"):
-        return False
-    lane = Path(control_endpoint.removeprefix("ipc://")).parent / "lane.sock"
-    if not lane.exists():
-        return False
-    sock = zmq.Context.instance().socket(zmq.DEALER)
-    sock.setsockopt(zmq.LINGER, 0)
+
+def _common() -> argparse.ArgumentParser:
+    c = argparse.ArgumentParser(add_help=False)
+    c.add_argument("--endpoint", default=None, help="control socket (default: found)")
+    c.add_argument("--telemetry", default=None, help="telemetry socket (default: beside it)")
+    c.add_argument("--config", type=Path, default=None, help="the robot's config: its endpoints")
+    c.add_argument("--server-key", default=None, help="tcp: the daemon's public .key file")
+    c.add_argument("--key", default=None, help="tcp: this client's .key_secret file")
+    c.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT_S, help="seconds to wait")
+    c.add_argument("--json", action="store_true", help="one JSON object on stdout")
+    return c
+
+
+def _parser() -> argparse.ArgumentParser:
+    common = _common()
+    p = _Parser(prog="robotctl", description="Drive a running robotd.")
+    sub = p.add_subparsers(dest="command", required=True)
+    for name in SIMPLE:
+        s = sub.add_parser(name, parents=[common])
+        if name == "estop":
+            s.add_argument("--reason", default="", help="why (logged, shown in the fault)")
+    start = sub.add_parser("start", parents=[common], help="start an episode")
+    start.add_argument("--task", default="", help="the episode's task text, for the policy")
+    params = sub.add_parser("params", parents=[common], help="show (or set) parameters")
+    params.add_argument("action", nargs="?", choices=["set"])
+    params.add_argument("assignments", nargs="*", metavar="KEY=VALUE")
+    verdict = sub.add_parser("verdict", parents=[common], help="judge the current episode")
+    v = verdict.add_mutually_exclusive_group(required=True)
+    v.add_argument("--success", action="store_true")
+    v.add_argument("--failure", action="store_true")
+    verdict.add_argument("--notes", default="")
+    verdict.add_argument("--replace", action="store_true", help="replace an earlier verdict")
+    watch = sub.add_parser("watch", parents=[common], help="live view; e sends an e-stop")
+    watch.add_argument("--seconds", type=float, default=None, help="stop after this long")
+    kg = sub.add_parser("keygen", help="make a CURVE key pair (NAME.key, NAME.key_secret)")
+    kg.add_argument("--dir", type=Path, default=None, help="default: ~/.config/robotd")
+    kg.add_argument("--name", default="robotctl")
+    kg.add_argument("--json", action="store_true")
+    return p
+
+
+def _request_args(args: argparse.Namespace) -> dict[str, Any]:
+    if args.command == "start":
+        return {"task": args.task} if args.task else {}
+    if args.command == "verdict":
+        out: dict[str, Any] = {"success": bool(args.success), "notes": args.notes}
+        return {**out, "replace": True} if args.replace else out
+    if args.command == "params":
+        if args.action is None and args.assignments:
+            raise LocateError("params: to change one, say: robotctl params set KEY=VALUE")
+        if args.action == "set":
+            return {"set": humane.assignments(args.assignments)}
+    return {}
+
+
+class Output:
+    """Everything robotctl prints, for people or (--json) for scripts."""
+
+    def __init__(self, as_json: bool) -> None:
+        self.json = as_json
+
+    def result(self, command: str, result: Any) -> int:
+        print(json.dumps(result, default=str) if self.json else humane.result(command, result))
+        return EXIT_OK
+
+    def error(self, command: str, code: str, message: str, exit_code: int) -> int:
+        if self.json:
+            print(json.dumps({"ok": False, "error": {"code": code, "message": message}}))
+        else:
+            print(f"robotctl: {command}: {code}: {message}", file=sys.stderr)
+        return exit_code
+
+
+def estop(target: Target, reason: str, timeout_s: float) -> tuple[str, Any]:
+    """The e-stop through the daemon, else straight to the control lane.
+
+    ("ok", result) once confirmed; ("error", (code, message)) when the daemon refused;
+    ("unreachable", words) when nobody confirmed it (then it never claims success)."""
     try:
-        sock.connect(f"ipc://{lane}")
-        sock.send(codec.encode(Estop(1, reason or "robotctl direct")), zmq.NOBLOCK)
-        if not sock.poll(int(timeout_s * 1000)):
-            return False
-        reply = codec.decode_up(sock.recv())
-        return isinstance(reply, Reply) and reply.ok
-    except (zmq.ZMQError, codec.LaneError):
-        return False
-    finally:
-        sock.close()
-
-
-def _endpoints(args: argparse.Namespace) -> tuple[str, str]:
-    if args.endpoint:
-        return args.endpoint, args.telemetry or args.endpoint.replace(
-            "control.sock", "telemetry.sock"
+        reply = request_once(
+            target.control,
+            "estop",
+            {"reason": reason} if reason else {},
+            timeout_s=timeout_s,
+            curve=target.curve,
         )
-    cfg = load_config(args.config)
-    return endpoints(cfg, runtime_dir(cfg))
+    except Unreachable as first:
+        try:
+            return "ok", estop_via_lane(target.control, reason or "robotctl", timeout_s)
+        except Unreachable as lane:
+            return "unreachable", f"{first}; {lane}"
+    if reply.get("ok"):
+        return "ok", reply.get("result")
+    err = reply.get("error") if isinstance(reply.get("error"), dict) else {}
+    return "error", (str(err.get("code", "error")), str(err.get("message", "")))
 
 
-def watch(telemetry: str, seconds: float | None) -> int:
-    from rich.live import Live
-    from rich.table import Table
+def _watch_estop(target: Target, timeout_s: float) -> tuple[bool, str]:
+    status, what = estop(target, "robotctl watch", timeout_s)
+    if status == "ok":
+        return True, humane.result("estop", what).replace("\n", "; ")
+    return False, what if status == "unreachable" else f"{what[0]}: {what[1]}"
 
-    sock = zmq.Context.instance().socket(zmq.SUB)
-    sock.setsockopt(zmq.SUBSCRIBE, b"status")
-    sock.connect(telemetry)
-    end = None if seconds is None else time.monotonic() + seconds
 
-    def table(msg: dict[str, Any]) -> Table:
-        t = Table(title="robotd", show_header=False)
-        st = msg.get("state", {})
-        lat = msg.get("lateness_us", {})
-        t.add_row(
-            "state", f"{st.get('state')} (episode {st.get('episode')}, step {st.get('step')})"
+def _run(args: argparse.Namespace, out: Output) -> int:
+    if args.command == "keygen":
+        public, secret = keygen(args.dir or default_key_file().parent, args.name)
+        return out.result("keygen", {"public": str(public), "secret": str(secret)})
+    target = locate(args.endpoint, args.telemetry, args.config, args.server_key, args.key)
+    if args.command == "watch":
+        from robotd.operator.watch import watch
+
+        return watch(target, lambda: _watch_estop(target, args.timeout), seconds=args.seconds)
+    if args.command == "estop":
+        status, what = estop(target, args.reason, args.timeout)
+        if status == "ok":
+            return out.result("estop", what)
+        if status == "error":
+            return out.error("estop", what[0], what[1], EXIT_ERROR)
+        return out.error("estop", "unreachable", what, EXIT_UNREACHABLE)
+    request = _request_args(args)
+    try:
+        reply = request_once(
+            target.control, args.command, request, timeout_s=args.timeout, curve=target.curve
         )
-        t.add_row("rate", f"{msg.get('hz', 0):.1f} Hz, lateness p99 {lat.get('p99', 0):.0f} µs")
-        t.add_row("queue", f"{st.get('queue')} rows, act in flight: {st.get('in_flight')}")
-        for k, v in (msg.get("counters") or {}).items():
-            t.add_row(k, str(v))
-        if st.get("fault"):
-            t.add_row("fault", json.dumps(st["fault"]))
-        return t
-
-    with Live(refresh_per_second=4) as live:
-        while end is None or time.monotonic() < end:
-            if sock.poll(500):
-                _, data = sock.recv_multipart()
-                live.update(table(wire.unpackb(data)))
-    return 0
+    except Unreachable as exc:
+        return out.error(args.command, "unreachable", str(exc), EXIT_UNREACHABLE)
+    if reply.get("ok"):
+        return out.result(args.command, reply.get("result"))
+    err = reply.get("error") if isinstance(reply.get("error"), dict) else {}
+    code, message = str(err.get("code", "error")), str(err.get("message", ""))
+    return out.error(args.command, code, message, EXIT_ERROR)
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="robotctl", description="Drive a running robotd.")
-    p.add_argument("command", choices=COMMANDS)
-    p.add_argument("--endpoint", default=os.environ.get("ROBOTD_ENDPOINT"))
-    p.add_argument("--telemetry", default=None)
-    p.add_argument("--config", type=Path, default=DEFAULT_CONFIG)
-    p.add_argument("--timeout", type=float, default=3.0)
-    v = p.add_mutually_exclusive_group()
-    v.add_argument("--success", action="store_true", help="verdict: the episode succeeded")
-    v.add_argument("--failure", action="store_true", help="verdict: the episode failed")
-    p.add_argument("--notes", default="", help="verdict notes")
-    p.add_argument("--reason", default="", help="estop reason")
-    p.add_argument("--seconds", type=float, default=None, help="watch: stop after this long")
-    args = p.parse_args(argv)
+    out = Output(False)
     try:
-        control, telemetry = _endpoints(args)
-    except (ConfigError, ValueError) as exc:
-        print(f"robotctl: {exc}", file=sys.stderr)
-        return 2
-    if args.command == "watch":
-        return watch(telemetry, args.seconds)
-    cmd_args: dict[str, Any] = {}
-    if args.command == "verdict":
-        if not (args.success or args.failure):
-            print("robotctl: verdict needs --success or --failure", file=sys.stderr)
-            return 2
-        cmd_args = {"success": bool(args.success), "notes": args.notes}
-    if args.command == "estop" and args.reason:
-        cmd_args = {"reason": args.reason}
-    client = ControlClient(control, args.timeout)
-    try:
-        reply = client.request(args.command, cmd_args)
-    except TimeoutError as exc:
-        if args.command == "estop" and estop_direct(control, args.reason):
-            print(
-                "robotctl: the main process did not answer; e-stop sent straight to the "
-                "control lane",
-                file=sys.stderr,
-            )
-            return 0
-        print(f"robotctl: {exc} (is robotd running at {control}?)", file=sys.stderr)
-        return 3
-    finally:
-        client.close()
-    if reply.get("ok"):
-        print(json.dumps(reply.get("result"), indent=2, default=str))
-        return 0
-    err = reply.get("error") or {}
-    print(f"robotctl: {args.command}: {err.get('code')}: {err.get('message')}", file=sys.stderr)
-    return 1
+        args = _parser().parse_args(argv)
+        out = Output(bool(getattr(args, "json", False)))
+        return _run(args, out)
+    except (ConfigError, KeyFileError) as exc:
+        return out.error("config", "config", str(exc), EXIT_CONFIG)
+    except ValueError as exc:  # LocateError and bad KEY=VALUE arguments
+        return out.error("usage", "usage", str(exc), EXIT_USAGE)
+    except KeyboardInterrupt:
+        return 130
+    except BrokenPipeError:
+        # `robotctl status | head`: the reader left; say nothing more, anywhere.
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        return 141
 
 
 if __name__ == "__main__":

@@ -1,9 +1,11 @@
 """The operator control socket (ROUTER) and the telemetry PUB socket.
 
 Requests are one msgpack frame ``{id, cmd, args}``; replies ``{id, ok, result}`` or
-``{id, ok: false, error: {code, message}}``. Any malformed request gets an error
-reply and changes nothing. The default endpoint is ipc:// in the run directory
-with 0660 permissions; tcp is refused (it needs CURVE keys, not yet configurable).
+``{id, ok: false, error: {code, message}}``. Every request is validated before anything
+acts on it (robotd.operator.requests): a malformed one gets an error reply and changes
+nothing, and the control lane is sent only the small command it needs. The default
+endpoints are ipc:// in the run directory, mode 0660; over tcp both sockets are CURVE
+servers that answer only the authorised clients (robotd.operator.curve).
 """
 
 from __future__ import annotations
@@ -22,8 +24,35 @@ import zmq.asyncio
 
 from robotd import wire
 from robotd.config import Config
+from robotd.errors import ConfigError
+from robotd.operator.curve import (
+    KeyFileError,
+    ServerKeys,
+    load_server_keys,
+    set_curve_server,
+    start_authenticator,
+)
+from robotd.operator.requests import (
+    LANE_COMMANDS,
+    LOCAL_COMMANDS,
+    Request,
+    RequestError,
+    lane_args,
+    parse_request,
+    summary,
+)
 from robotd.runtime.bridge import LaneBusy
 from robotd.runtime.view import DaemonView, LaneCommands, status_dict
+
+__all__ = [
+    "LANE_COMMANDS",
+    "LOCAL_COMMANDS",
+    "OperatorServer",
+    "RequestError",
+    "check_operator",
+    "endpoints",
+    "parse_request",
+]
 
 log = logging.getLogger("robotd.operator")
 
@@ -41,53 +70,54 @@ TELEMETRY_COUNTERS = (
     "stale_rows_played",
     "episode_resets",
     "interventions",
+    "clipped",
+    "clamped",
+    "rejected",
     "invalid_observations",
 )
-LANE_COMMANDS = {"start", "stop", "estop", "clear_fault", "reset_done"}
-LOCAL_COMMANDS = {"status", "stats", "params", "verdict"}
-
-
-class RequestError(Exception):
-    def __init__(self, code: str, message: str, rid: Any = None) -> None:
-        super().__init__(message)
-        self.code = code
-        self.rid = rid  # the request's id when it could be read: a client matches replies by it
+# A frame over this is not even taken in: ZeroMQ drops the peer (requests are far smaller).
+MAX_FRAME_BYTES = 1 << 20
 
 
 def endpoints(cfg: Config, run_dir: Path) -> tuple[str, str]:
+    """The control and telemetry endpoints: the config's, else ipc:// in the run directory."""
     control = cfg.runtime.control_endpoint or f"ipc://{run_dir}/control.sock"
     telemetry = cfg.runtime.telemetry_endpoint or f"ipc://{run_dir}/telemetry.sock"
     for ep, key in ((control, "control_endpoint"), (telemetry, "telemetry_endpoint")):
-        if not ep.startswith("ipc://"):
-            raise ValueError(
-                f"runtime.{key}: {ep!r}: only ipc:// endpoints are served "
-                "(tcp needs CURVE keys, which this version cannot configure)"
-            )
+        if not ep.startswith(("ipc://", "tcp://")):
+            raise ValueError(f"runtime.{key}: {ep!r}: only ipc:// and tcp:// are served")
     return control, telemetry
 
 
-def parse_request(data: bytes) -> tuple[Any, str, dict[str, Any]]:
-    """Validate one request frame; RequestError names what is wrong."""
+def _uses_tcp(cfg: Config) -> bool:
+    r = cfg.runtime
+    return any(ep.startswith("tcp://") for ep in (r.control_endpoint, r.telemetry_endpoint))
+
+
+def server_keys(cfg: Config) -> ServerKeys | None:
+    """The CURVE keys when an operator endpoint is tcp (KeyFileError when unusable)."""
+    if not _uses_tcp(cfg):
+        return None
+    r = cfg.runtime
+    if not (r.curve_secret_key and r.curve_clients):
+        raise KeyFileError(
+            "a tcp operator endpoint needs runtime.curve_secret_key and curve_clients"
+        )
+    return load_server_keys(r.curve_secret_key, r.curve_clients)
+
+
+def check_operator(cfg: Config, where: str = "") -> None:
+    """What `robotd check` and `robotd run` ask before anything moves: tcp endpoints have
+    usable CURVE keys. Raises ConfigError naming the key and the file."""
     try:
-        msg = wire.unpackb(data)
-    except Exception as exc:
-        raise RequestError("bad_request", f"not a msgpack message: {exc}") from None
-    if not isinstance(msg, dict):
-        raise RequestError("bad_request", f"request must be a map, got {type(msg).__name__}")
-    rid = msg.get("id")
-    cmd = msg.get("cmd")
-    if not isinstance(cmd, str):
-        raise RequestError("bad_request", "field 'cmd' must be a string", rid)
-    args = msg.get("args", {})
-    if args is None:
-        args = {}
-    if not isinstance(args, dict):
-        kind = type(args).__name__
-        raise RequestError("bad_request", f"field 'args' must be a map, got {kind}", rid)
-    if cmd not in LANE_COMMANDS | LOCAL_COMMANDS:
-        known = ", ".join(sorted(LANE_COMMANDS | LOCAL_COMMANDS))
-        raise RequestError("unknown_command", f"unknown cmd {cmd!r} (known: {known})", rid)
-    return rid, cmd, args
+        server_keys(cfg)
+    except KeyFileError as exc:
+        prefix = f"{where}: " if where else ""
+        raise ConfigError(f"{prefix}runtime.curve_secret_key/curve_clients: {exc}") from None
+
+
+def _ipc_path(ep: str) -> Path | None:
+    return Path(ep.removeprefix("ipc://")) if ep.startswith("ipc://") else None
 
 
 class OperatorServer:
@@ -103,104 +133,201 @@ class OperatorServer:
     ) -> None:
         self.view = view
         self.lane = lane
+        self.ctx = ctx
         self.cfg = cfg
         self.control_ep, self.telemetry_ep = endpoints(cfg, run_dir)
+        self.keys = server_keys(cfg)  # checked before start-up too (check_operator)
+        self.auth: Any = None
         self.sock = ctx.socket(zmq.ROUTER)
         self.sock.setsockopt(zmq.LINGER, 0)
+        self.sock.setsockopt(zmq.MAXMSGSIZE, MAX_FRAME_BYTES)
         self.pub = ctx.socket(zmq.PUB)
         self.pub.setsockopt(zmq.LINGER, 0)
         self.pub.setsockopt(zmq.SNDHWM, 100)
+        for sock, ep in ((self.sock, self.control_ep), (self.pub, self.telemetry_ep)):
+            if ep.startswith("tcp://"):
+                assert self.keys is not None
+                set_curve_server(sock, self.keys)
 
     async def start(self, tg: anyio.abc.TaskGroup) -> None:
+        if self.keys is not None:
+            self.auth = start_authenticator(self.ctx, self.keys)  # before any handshake
         for sock, ep in ((self.sock, self.control_ep), (self.pub, self.telemetry_ep)):
-            path = Path(ep.removeprefix("ipc://"))
-            path.unlink(missing_ok=True)
+            path = _ipc_path(ep)
+            if path is not None:
+                path.unlink(missing_ok=True)
             sock.bind(ep)
-            os.chmod(path, stat.S_IRUSR | stat.S_IWUSR | stat.S_IRGRP | stat.S_IWGRP)
+            if path is not None:
+                os.chmod(path, stat.S_IRUSR | stat.S_IWUSR | stat.S_IRGRP | stat.S_IWGRP)
         tg.start_soon(self._serve, tg)
         tg.start_soon(self._telemetry)
-        log.info("operator socket %s, telemetry %s", self.control_ep, self.telemetry_ep)
+        curve = " (CURVE)" if self.keys is not None else ""
+        log.info("operator socket %s, telemetry %s%s", self.control_ep, self.telemetry_ep, curve)
 
     async def _serve(self, tg: anyio.abc.TaskGroup) -> None:
         try:
             while True:
                 frames = await self.sock.recv_multipart()
-                if len(frames) < 2:
+                envelope, payload = self._split(frames)
+                if payload is None:
+                    err = RequestError("bad_request", "a request is one msgpack frame")
+                    await self._reply(envelope, None, err)
                     continue
-                tg.start_soon(self._answer, frames[0], frames[-1])
+                try:
+                    req = parse_request(payload)
+                except RequestError as exc:
+                    await self._reply(envelope, exc.rid, exc)
+                    continue
+                if req.cmd in LOCAL_COMMANDS:
+                    await self._answer(envelope, req)
+                else:  # bounded by the bridge: LaneBusy beyond its pending limit
+                    tg.start_soon(self._answer_lane, envelope, req)
         finally:
             self.sock.close(linger=0)
-            Path(self.control_ep.removeprefix("ipc://")).unlink(missing_ok=True)
+            if self.auth is not None:
+                self.auth.stop()
+            path = _ipc_path(self.control_ep)
+            if path is not None:
+                path.unlink(missing_ok=True)
 
-    async def _answer(self, ident: bytes, data: bytes) -> None:
-        rid: Any = None
-        try:
-            rid, cmd, args = parse_request(data)
-            result = await self.handle(cmd, args)
+    @staticmethod
+    def _split(frames: list[bytes]) -> tuple[list[bytes], bytes | None]:
+        """(reply envelope, the request frame): a DEALER sends [id, req], a REQ
+        [id, b"", req]; anything else has no request frame."""
+        if len(frames) == 2:
+            return frames[:1], frames[1]
+        if len(frames) == 3 and frames[1] == b"":
+            return frames[:2], frames[2]
+        return frames[:1], None
+
+    async def _reply(self, envelope: list[bytes], rid: Any, result: Any) -> None:
+        if isinstance(result, RequestError):
+            err = {"code": result.code, "message": str(result)}
+            reply = {"id": rid, "ok": False, "error": err}
+        else:
             reply = {"id": rid, "ok": True, "result": result}
-        except RequestError as exc:
-            rid = rid if exc.rid is None else exc.rid
-            reply = {"id": rid, "ok": False, "error": {"code": exc.code, "message": str(exc)}}
-        except TimeoutError as exc:
-            reply = {"id": rid, "ok": False, "error": {"code": "timeout", "message": str(exc)}}
-        except LaneBusy as exc:
-            reply = {"id": rid, "ok": False, "error": {"code": "busy", "message": str(exc)}}
-        await self.sock.send_multipart([ident, wire.packb(reply)])
+        with contextlib.suppress(zmq.ZMQError):  # the client went away
+            await self.sock.send_multipart([*envelope, wire.packb(reply)])
 
-    async def handle(self, cmd: str, args: dict[str, Any]) -> Any:
+    async def _answer(self, envelope: list[bytes], req: Request) -> None:
+        try:
+            result: Any = self.handle_local(req)
+        except RequestError as exc:
+            result = exc
+        await self._reply(envelope, req.rid, result)
+
+    async def _answer_lane(self, envelope: list[bytes], req: Request) -> None:
+        try:
+            result: Any = await self.handle_lane(req)
+        except RequestError as exc:
+            result = exc
+        except TimeoutError as exc:
+            result = RequestError("timeout", str(exc))
+        except LaneBusy as exc:
+            result = RequestError("busy", str(exc))
+        await self._reply(envelope, req.rid, result)
+
+    async def handle_lane(self, req: Request) -> Any:
+        """Forward a validated lane command (only its bounded arguments) and await the reply."""
+        log.info("operator: %s %s", req.cmd, summary(req.args))
+        reply = await self.lane.command(req.cmd, **lane_args(req))
+        if not reply.ok:
+            raise RequestError(reply.code or "refused", reply.message or "refused")
+        return status_dict(reply.status)  # the state the command left, not a later one
+
+    def handle_local(self, req: Request) -> Any:
         v = self.view
-        if cmd in LANE_COMMANDS:
-            log.info("operator: %s %s", cmd, args or "")
-            reason = args.get("reason", "")
-            task = args.get("task", "")
-            if not isinstance(reason, str) or not isinstance(task, str):
-                raise RequestError("bad_args", "args.reason and args.task must be strings")
-            reply = await self.lane.command(cmd, reason=reason[:500], task=task[:2000])
-            if not reply.ok:
-                raise RequestError(reply.code or "refused", reply.message or "refused")
-            return status_dict(reply.status)  # the state the command left, not a later one
-        if cmd == "status":
+        if req.cmd == "status":
             return {**v.state(), "run_id": v.run_id, "robot": v.robot, "link": v.link()}
-        if cmd == "stats":
+        if req.cmd == "stats":
             return v.summary.to_dict()
-        if cmd == "params":
-            return self.cfg.model_dump(mode="json")
-        if cmd == "verdict":
-            success = args.get("success")
-            if not isinstance(success, bool):
-                raise RequestError("bad_args", "verdict needs args.success: true or false")
-            notes = args.get("notes", "")
-            if not isinstance(notes, str):
-                raise RequestError("bad_args", "verdict args.notes must be a string")
-            verdict = {
-                "episode": v.state().get("episode", 0),
-                "success": success,
-                "notes": notes,
-                "time": time.time(),
-            }
-            v.summary.verdicts.append(verdict)
-            log.info("verdict %s", verdict)
-            return verdict
-        raise RequestError("unknown_command", cmd)  # unreachable: parse_request checked
+        if req.cmd == "params":
+            return self._params(req.args)
+        if req.cmd == "verdict":
+            return self._verdict(req.args)
+        raise RequestError("unknown_command", req.cmd)  # unreachable: parse_request checked
+
+    def _params(self, args: dict[str, Any]) -> Any:
+        params = self.cfg.model_dump(mode="json")
+        changes = args.get("set")
+        if not changes:
+            return params
+        for key in changes:
+            node: Any = params
+            for part in key.split("."):
+                if not isinstance(node, dict) or part not in node:
+                    raise RequestError("bad_args", f"params: no such key {key!r}")
+                node = node[part]
+        names = ", ".join(sorted(changes))
+        raise RequestError(
+            "not_supported",
+            f"params: this daemon changes no parameter while it runs (asked: {names}); "
+            "change the config and restart",
+        )
+
+    def _verdict(self, args: dict[str, Any]) -> dict[str, Any]:
+        episode = self.view.state().get("episode", 0)
+        if not isinstance(episode, int) or episode <= 0:
+            raise RequestError("bad_state", "no episode has started yet: nothing to judge")
+        verdicts = self.view.summary.verdicts
+        index = next((i for i, v in enumerate(verdicts) if v.get("episode") == episode), None)
+        if index is not None and not args.get("replace", False):
+            first = verdicts[index]
+            said = "success" if first.get("success") else "failure"
+            when = time.strftime("%H:%M:%S", time.localtime(first.get("time", 0)))
+            notes = f" ({summary({'notes': first['notes']})})" if first.get("notes") else ""
+            raise RequestError(
+                "verdict_exists",
+                f"episode {episode} already has a verdict: {said}{notes}, given at {when}; "
+                "send it with replace (robotctl verdict --replace) to replace it",
+            )
+        verdict = {
+            "episode": episode,
+            "success": args["success"],
+            "notes": args.get("notes", ""),
+            "time": time.time(),
+        }
+        if index is None:
+            verdicts.append(verdict)
+        else:
+            verdicts[index] = verdict
+        word = "replaced: " if index is not None else ""
+        log.info(
+            "verdict %sepisode %d %s %s",
+            word,
+            episode,
+            "success" if verdict["success"] else "failure",
+            summary({"notes": verdict["notes"]}) if verdict["notes"] else "",
+        )
+        return verdict
+
+    def telemetry_message(self) -> dict[str, Any]:
+        """What one telemetry message carries (the view tolerates any field missing)."""
+        s = self.view.summary
+        return {
+            "time": time.time(),
+            "run_id": self.view.run_id,
+            "state": self.view.state(),
+            "link": self.view.link(),
+            "hz": s.measured_hz(),
+            "lateness_us": s.lateness(),
+            "counters": {
+                **{k: s.count(k) for k in TELEMETRY_COUNTERS},
+                **s.uploads(),
+            },
+            "ask_latency": s.ask_latency(),
+        }
 
     async def _telemetry(self) -> None:
         period = 1.0 / self.cfg.runtime.telemetry_hz
         try:
             while True:
                 await anyio.sleep(period)
-                s = self.view.summary
-                msg = {
-                    "state": self.view.state(),
-                    "hz": s.measured_hz(),
-                    "lateness_us": s.lateness(),
-                    "counters": {
-                        **{k: s.count(k) for k in TELEMETRY_COUNTERS},
-                        **s.uploads(),
-                    },
-                    "ask_latency": s.ask_latency(),
-                }
+                msg = wire.packb(self.telemetry_message())
                 with contextlib.suppress(zmq.Again):  # no subscriber keeping up: skip this one
-                    await self.pub.send_multipart([b"status", wire.packb(msg)], zmq.NOBLOCK)
+                    await self.pub.send_multipart([b"status", msg], zmq.NOBLOCK)
         finally:
             self.pub.close(linger=0)
-            Path(self.telemetry_ep.removeprefix("ipc://")).unlink(missing_ok=True)
+            path = _ipc_path(self.telemetry_ep)
+            if path is not None:
+                path.unlink(missing_ok=True)

@@ -1,27 +1,109 @@
-"""The run directory: one daemon per directory, since its sockets have fixed names there."""
+"""The run directory: where the daemon's sockets and pid file live, created safely.
+(Where it is when the config names none: robotd.config.default_run_dir.)
+
+Anyone who can write into the run directory can swap the control socket for their
+own or point the pid file at a file of the daemon's user, so the daemon only uses a
+directory that is its own: owned by its user, mode 0750 or narrower, not a symlink,
+and it opens the pid file there without following a symlink. The pid file stays
+locked for the daemon's life (one daemon per run directory: its sockets have fixed
+names in it).
+"""
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import fcntl
 import os
+import stat
 from pathlib import Path
 
 from robotd.link.connect import StartupError
 
+PID_FILE = "robotd.pid"
+MAX_MODE = 0o750
 
-def lock_run_dir(run_dir: Path) -> int:
-    """Create `run_dir` (0750) and hold `run_dir/robotd.pid` locked for the daemon's life:
-    one daemon per run directory (control.sock and lane.sock have fixed names there)."""
-    run_dir.mkdir(parents=True, exist_ok=True, mode=0o750)
-    path = run_dir / "robotd.pid"
-    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o640)
+
+class RunDirError(StartupError):
+    """The run directory cannot be used safely (or is in use); the message says why."""
+
+
+def _check_dir(path: Path, st: os.stat_result) -> None:
+    if not stat.S_ISDIR(st.st_mode):
+        raise RunDirError(f"run directory {path} is not a directory")
+    if st.st_uid != os.geteuid():
+        raise RunDirError(
+            f"run directory {path} belongs to uid {st.st_uid}, not to this daemon's uid "
+            f"{os.geteuid()}: someone else made it; remove it or choose another runtime.dir"
+        )
+    mode = stat.S_IMODE(st.st_mode)
+    if mode & ~MAX_MODE:
+        raise RunDirError(
+            f"run directory {path} has mode {mode:04o}, wider than {MAX_MODE:04o}: others "
+            f"could replace its sockets; chmod {MAX_MODE:04o} {path}"
+        )
+
+
+def _open_dir(path: Path) -> int:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with contextlib.suppress(FileExistsError):
+        os.mkdir(path, MAX_MODE)
+    try:
+        st = os.lstat(path)
+    except OSError as exc:
+        raise RunDirError(f"run directory {path}: {exc.strerror}") from None
+    if stat.S_ISLNK(st.st_mode):
+        raise RunDirError(f"run directory {path} is a symlink: it is not followed")
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError as exc:
+        raise RunDirError(f"run directory {path}: {exc.strerror}") from None
+    try:
+        # fstat the directory we opened (not the name, which could have been swapped since)
+        _check_dir(path, os.fstat(fd))
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def _open_pid_file(path: Path, dir_fd: int) -> int:
+    flags = os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC
+    try:
+        fd = os.open(PID_FILE, flags, 0o640, dir_fd=dir_fd)
+    except OSError as exc:
+        why = "a symlink (not followed)" if exc.errno == errno.ELOOP else exc.strerror
+        raise RunDirError(f"pid file {path / PID_FILE}: {why}") from None
+    st = os.fstat(fd)
+    if not stat.S_ISREG(st.st_mode) or st.st_uid != os.geteuid() or st.st_nlink != 1:
+        os.close(fd)
+        raise RunDirError(
+            f"pid file {path / PID_FILE} is not a plain file of this daemon's own "
+            "(another owner, a device or a hard link): remove it"
+        )
+    return fd
+
+
+def lock_run_dir(path: Path) -> int:
+    """Create (mode 0750) or check the run directory, then hold its pid file locked.
+
+    Refused with RunDirError: a symlink, a directory of another owner or with a mode
+    wider than 0750, a pid file that is a symlink or not a plain file of ours, or a
+    directory in use by another daemon. Returns the pid file's descriptor (keep it
+    open: the lock lasts as long as it does).
+    """
+    dir_fd = _open_dir(path)
+    try:
+        fd = _open_pid_file(path, dir_fd)
+    finally:
+        os.close(dir_fd)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
         holder = os.pread(fd, 32, 0).decode(errors="replace").strip() or "?"
         os.close(fd)
-        raise StartupError(
-            f"runtime.dir {run_dir} is in use by robotd pid {holder} (lock {path}); "
+        raise RunDirError(
+            f"runtime.dir {path} is in use by robotd pid {holder} (lock {path / PID_FILE}); "
             "give each daemon its own runtime.dir"
         ) from None
     os.ftruncate(fd, 0)

@@ -1,0 +1,151 @@
+"""The screen of `robotctl watch`, drawn from the newest telemetry message.
+
+`render(screen)` is a pure function of what the watcher knows (the last message, when
+it came, whether a daemon is there, the last e-stop outcome), so the same screens can
+be checked without a terminal. Every telemetry field may be missing or mistyped:
+what is not there shows as "—"; the worker link (`link`, a map of a few words) shows
+whatever the daemon reports, or "not reported".
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from rich.console import Group
+from rich.table import Table
+from rich.text import Text
+
+from robotd.operator.words import fault_words, is_estop
+
+STATE_STYLE = {
+    "RUNNING": "bold green",
+    "IDLE": "bold cyan",
+    "ENDED": "bold yellow",
+    "RESETTING": "bold yellow",
+    "FAULT": "bold white on red",
+}
+
+
+@dataclass
+class Screen:
+    endpoint: str
+    msg: dict[str, Any] | None = None  # the newest telemetry message
+    age_s: float | None = None  # seconds since it came
+    absent: str = ""  # why there is no daemon right now ("" when its socket is there)
+    stale_after_s: float = 2.0
+    notice: str = ""  # the last e-stop's outcome, in words
+    notice_ok: bool = True
+
+
+def _get(d: Any, *path: str) -> Any:
+    for key in path:
+        if not isinstance(d, dict):
+            return None
+        d = d.get(key)
+    return d
+
+
+def _num(value: Any, fmt: str = "{:g}") -> str:
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return "—"
+    return fmt.format(value)
+
+
+def _state_line(state: Any) -> Text:
+    name = _get(state, "state")
+    name = name if isinstance(name, str) else "?"
+    text = Text()
+    if is_estop(state):
+        text.append(" E-STOP ", style="bold white on red")
+        text.append(" ")
+    text.append(f" {name[:20]} ", style=STATE_STYLE.get(name, "bold"))
+    if name == "FAULT":
+        text.append("  " + fault_words(_get(state, "fault")), style="bold red")
+    return text
+
+
+def _counters(msg: dict[str, Any]) -> Table:
+    c = _get(msg, "counters") or {}
+    state = _get(msg, "state") or {}
+    lat = _get(msg, "lateness_us") or {}
+    ask = _get(msg, "ask_latency", "ms") or {}
+    t = Table(show_header=False, box=None, pad_edge=False)
+    t.add_column(style="dim", no_wrap=True)
+    t.add_column()
+    t.add_row(
+        "episode",
+        f"{_num(_get(state, 'episode'))}  step {_num(_get(state, 'step'))}"
+        f"  worker episode {_get(state, 'wep') or '—'}",
+    )
+    t.add_row(
+        "rate",
+        f"{_num(_get(msg, 'hz'), '{:.1f}')} Hz   lateness p50 "
+        f"{_num(lat.get('p50'), '{:.0f}')} µs  p99 {_num(lat.get('p99'), '{:.0f}')} µs"
+        f"   missed {_num(c.get('missed_ticks'))}",
+    )
+    flight = _get(state, "in_flight")
+    t.add_row(
+        "queue",
+        f"{_num(_get(state, 'queue'))} rows" + ("   act in flight" if flight is True else ""),
+    )
+    t.add_row(
+        "acts",
+        f"{_num(c.get('acts'))}   chunks {_num(c.get('chunks'))}   ask → chunk "
+        f"p50 {_num(ask.get('p50'), '{:.0f}')} ms  p99 {_num(ask.get('p99'), '{:.0f}')} ms",
+    )
+    t.add_row(
+        "holds",
+        f"{_num(c.get('holds'))}   longest run {_num(c.get('max_consecutive_holds'))}"
+        f"   starved episodes {_num(c.get('starved_episodes'))}",
+    )
+    t.add_row("resets", f"{_num(c.get('episode_resets'))} worker-side episode resets")
+    t.add_row(
+        "shield",
+        f"{_num(c.get('interventions'))} interventions: clipped "
+        f"{_num(c.get('clipped'))}  clamped {_num(c.get('clamped'))}  rejected "
+        f"{_num(c.get('rejected'))}",
+    )
+    t.add_row(
+        "uploads",
+        f"{_num(c.get('uploaded_frames'))} frames   inline "
+        f"{_num(c.get('inline_frames'))}   skipped {_num(c.get('skipped_frames'))}   "
+        f"refused {_num(c.get('refused_frames'))}",
+    )
+    link = _get(msg, "link")
+    if isinstance(link, dict) and link:
+        words = "   ".join(f"{str(k)[:20]} {str(v)[:60]}" for k, v in list(link.items())[:6])
+        t.add_row("link", words)
+    else:
+        t.add_row("link", Text("worker link state not reported by this daemon", style="dim"))
+    torque = _get(state, "torque")
+    t.add_row("torque", "on" if torque is True else "off" if torque is False else "—")
+    return t
+
+
+def render(screen: Screen) -> Group:
+    """The whole screen: a headline (state, or no daemon, or stale), the counters, keys."""
+    parts: list[Any] = []
+    head = Text(f"robotd  {screen.endpoint}", style="bold")
+    parts.append(head)
+    stale = screen.age_s is not None and screen.age_s > screen.stale_after_s
+    if screen.msg is None:
+        why = screen.absent or "nothing heard yet"
+        parts.append(Text(f" NO DAEMON  {why}; waiting for one", style="bold white on red"))
+    else:
+        if screen.absent:
+            parts.append(Text(f" NO DAEMON  {screen.absent}", style="bold white on red"))
+        if stale:
+            parts.append(
+                Text(
+                    f" STALE  last update {screen.age_s:.0f} s ago: what follows is old ",
+                    style="bold black on yellow",
+                )
+            )
+        parts.append(_state_line(_get(screen.msg, "state")))
+        parts.append(_counters(screen.msg))
+    if screen.notice:
+        style = "bold green" if screen.notice_ok else "bold white on red"
+        parts.append(Text(screen.notice, style=style))
+    parts.append(Text("[e] E-STOP    [q] quit", style="bold"))
+    return Group(*parts)
