@@ -83,6 +83,9 @@ class ControlConfig(_Model):
     # a worker-side episode reset flushes the queue and holds, unless this lets it finish
     finish_queue_on_reset: bool = False
     stats_interval_s: float = Field(0.25, gt=0)
+    # the main process gone: the lane holds in FAULT this long, then applies its e-stop
+    # category and exits (a restarted daemon starts latched)
+    orphan_s: float = Field(2.0, ge=0, le=60)
 
 
 class JointsConfig(_Model):

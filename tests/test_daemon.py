@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import os
 import signal
+import time
 
 import pytest
 
@@ -53,25 +55,38 @@ def test_sigint_stops_everything_cleanly(tmp_path):
     assert_nothing_left(d)
 
 
-def test_sigkill_of_the_main_process_takes_the_children_with_it(tmp_path):
-    d = Daemon(tmp_path)
+def test_sigkill_of_main_the_lane_holds_then_estops_exits_and_leaves_nothing(tmp_path):
+    d = Daemon(tmp_path, "--set", "control.orphan_s=1.5")
     d.wait_line(r"episode_start")
     assert len(processes_mentioning(str(d.dir))) >= 2  # control and worker carry the run dir
     d.signal(signal.SIGKILL)
     d.wait_exit()
+    d.wait_line(r"control: the main process is gone: holding 1.5 s")  # its stderr is ours
+    gone = time.monotonic()
+    d.wait_line(r"control: the e-stop is applied \(torque off\): the control lane exits")
+    assert time.monotonic() - gone >= 1.4  # it held (in FAULT) before the e-stop
 
     def all_dead() -> bool:
         return not processes_mentioning(str(d.dir)) and not processes_mentioning(
             f"robotd-{d.proc.pid}-"
         )
 
-    wait_until(all_dead, 10, "children to die with their parent")
-    leftovers = shm_of(d.proc.pid)
-    assert leftovers, "a killed daemon cannot unlink: the next start must"
-    from robotd.runtime.children import clean_stale_shm
-
-    clean_stale_shm()
+    wait_until(all_dead, 10, "the lane, the cameras and the worker to exit")
     assert shm_of(d.proc.pid) == []
+    assert not list(d.dir.glob("*.sock"))
+
+
+def test_a_restart_removes_shared_memory_a_dead_daemon_left(tmp_path):
+    from robotd.runtime.children import clean_stale_shm
+    from robotd.shm import SHM_DIR
+
+    dead = 2**22 + 17  # above pid_max on this machine: no live process has it
+    assert not os.path.exists(f"/proc/{dead}")
+    left = [SHM_DIR / f"robotd-{dead}-top", SHM_DIR / f"robotd-{dead}-sim-world"]
+    for path in left:
+        path.write_bytes(b"x")
+    clean_stale_shm()
+    assert not any(p.exists() for p in left)
 
 
 def test_bad_config_exits_2_naming_the_key(tmp_path):

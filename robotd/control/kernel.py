@@ -115,7 +115,7 @@ class Kernel:
         """Apply an operator command; returns the status or raises CommandRefused."""
         m = self.machine
         if cmd == "estop":
-            self._fault("estop", reason or "operator e-stop")
+            self.fault("estop", reason or "operator e-stop")
         elif cmd == "clear_fault":
             self.latch.clear()
         elif cmd == "start":
@@ -300,7 +300,7 @@ class Kernel:
         if verdict.outcome == REJECTED:
             if verdict.fault:
                 reason = f"{self.cfg.safety.reject_run} rejected actions in a row: "
-                self._fault("safety", reason + verdict.reason)
+                self.fault("safety", reason + verdict.reason)
             # the rejection's target is already this tick's hold (a controlled stop)
             return self._held(self.step, verdict.target)
         self.watchdog.played()
@@ -322,7 +322,7 @@ class Kernel:
         self.counters.driver_errors += 1
         self._driver_fail_run += 1
         if self._driver_fail_run >= self.cfg.safety.driver_fault_run:
-            self._fault("driver", f"{self._driver_fail_run} failed joint reads in a row")
+            self.fault("driver", f"{self._driver_fail_run} failed joint reads in a row")
         # Without a fresh read the last approved target is still the safest command.
         anchored = self.latch.anchored and self.latch.torque_on
         return self.shield.hold() if anchored else None
@@ -362,7 +362,7 @@ class Kernel:
             flushed=flushed,
         )
 
-    def _fault(self, cause: str, detail: str) -> None:
+    def fault(self, cause: str, detail: str) -> None:
         """Latch FAULT; a running episode ends as 'fault' with its queue flushed (which is
         also what makes a safety cause gone: nothing of the offending chunk remains)."""
         if self.machine.state is State.RUNNING:

@@ -16,9 +16,9 @@ from collections.abc import Callable
 
 from robotd.control.episode import EpisodeMachine
 
-# A cause that stays present until it is seen gone (the driver reads again); every other
-# cause is gone as soon as it has latched.
-PERSISTENT_CAUSES = frozenset({"driver"})
+# A cause that stays present until it is seen gone (the driver reads again; the main process
+# never comes back to a lane it orphaned); every other cause is gone once it has latched.
+PERSISTENT_CAUSES = frozenset({"driver", "main_gone"})
 
 
 class FaultLatch:
@@ -46,14 +46,16 @@ class FaultLatch:
         self._torque_off_at: int | None = None
 
     def latch(self, cause: str, detail: str, tick: int) -> bool:
-        """Latch FAULT for `cause`; True when this newly entered FAULT (then an event says so
-        and an e-stop starts its category)."""
+        """Latch FAULT for `cause`; True when this newly entered FAULT (then an event says
+        so). An e-stop starts its category whatever state it finds, FAULT included: a
+        robot latched for another cause and still holding stops all the same."""
         entered = self.machine.latch(cause, detail, active=cause in PERSISTENT_CAUSES)
-        if entered:
-            if cause == "estop" and self.category == 0:
+        if cause == "estop" and self.torque_on and self._torque_off_at is None:
+            if self.category == 0:
                 self._torque(False)
-            elif cause == "estop":
+            else:
                 self._torque_off_at = tick + self.stop_ticks
+        if entered or cause == "estop":
             self._event("fault", cause=cause, detail=detail)
         return entered
 

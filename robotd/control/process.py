@@ -17,6 +17,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import signal
 import sys
 import threading
 import time
@@ -49,8 +50,8 @@ from robotd.lane.messages import (
     Shutdown,
     Stats,
 )
-from robotd.runtime.procutil import die_with_parent, install_stop_signals
-from robotd.shm import FrameRing
+from robotd.runtime.procutil import die_with_parent, install_stop_signals, signal_event
+from robotd.shm import FrameRing, unlink_prefix
 
 log = logging.getLogger("robotd.control")
 
@@ -138,7 +139,7 @@ class ControlLane:
         )
         # The lane reads only each ring's index (the newest frame's reference), never pixels.
         self.rings = {n: FrameRing.attach(r, pixels=False) for n, r in spec.rings.items()}
-        self.io = TickIO(self.kernel, self.driver, self._frames, self._driver_error)
+        self.io = TickIO(self.kernel, self.driver, self._frames, self._driver_error, clock)
         self.hist = LatencyHistogram()  # lateness at the deadline (after the spin tail)
         self.wake_hist = LatencyHistogram()  # lateness of the sleep's wake-up (before the spin)
         c = self.cfg.control
@@ -151,6 +152,10 @@ class ControlLane:
         self._bad_log = RateLimiter(1_000_000_000)
         self._overruns = OverrunLog()
         self._first = True
+        self._estop_acks: list[tuple[bytes, int | None]] = []
+        self.spec = spec
+        self.orphaned = threading.Event()  # set when the main process is gone (PDEATHSIG)
+        self._orphan_since: int | None = None
         self.died = False
         self.io.start()
 
@@ -194,10 +199,23 @@ class ControlLane:
             k = self.kernel
             k.command("estop", msg.reason or "e-stop on lane.sock")
             k.emit(Event("lane_estop", k.counters.ticks, {"reason": msg.reason}))
-            reply = Reply(msg.id, True, k.status())
+            # Acknowledged once this tick has written its safe command (see ack_estops).
+            self._estop_acks.append((ident, msg.id))
+            return
+        self._answer_estop(ident, reply)
+
+    def _answer_estop(self, ident: bytes, reply: Reply) -> None:
         # The asker may be gone or not reading: the e-stop itself latched anyway.
         with contextlib.suppress(zmq.ZMQError):
             self.ports.estop.send_multipart([ident, codec.encode(reply)], zmq.NOBLOCK)
+
+    def ack_estops(self) -> None:
+        """Answer this tick's e-stops, now that its safe command is written."""
+        for ident, rid in self._estop_acks:
+            self._answer_estop(
+                ident, Reply(rid, True, self.kernel.status(), written_ns=self.io.done_ns)
+            )
+        self._estop_acks.clear()
 
     def _handle(self, msg: Any) -> None:
         k = self.kernel
@@ -288,13 +306,36 @@ class ControlLane:
                 detail = {"overruns": report[0], "skipped": report[1]}
                 self.outbox.append(Event("overrun", self.kernel.counters.ticks, detail))
         self.drain()
+        if self.orphaned.is_set():
+            self._orphan(tick.woke_ns)
         self.io.run(tick.woke_ns, tick.skipped)
+        if self._estop_acks:
+            self.ack_estops()
         if self._first:
             self.outbox.append(Ready(os.getpid(), self.warnings))
             self._first = False
         if tick.index % self.stats_every == 0:
             self.outbox.append(self.stats())
         self.flush()
+
+    def _orphan(self, now_ns: int) -> None:
+        """The main process is gone: hold in FAULT for control.orphan_s, then apply the e-stop
+        category and, once torque is off, stop (close() then cleans up what main left)."""
+        k = self.kernel
+        if self._orphan_since is None:
+            self._orphan_since = now_ns
+            k.fault("main_gone", "the main process is gone: holding, then the e-stop")
+            log.error(
+                "the main process is gone: holding %g s, then the e-stop", self.cfg.control.orphan_s
+            )
+            return
+        if now_ns - self._orphan_since < self.cfg.control.orphan_s * 1e9:
+            return
+        if k.torque_on:
+            k.command("estop", f"the main process has been gone {self.cfg.control.orphan_s:g} s")
+        elif not self.stop.is_set():
+            log.error("the e-stop is applied (torque off): the control lane exits")
+            self.stop.set()
 
     def run(self) -> None:
         """The loop thread's body: returns when `stop` is set, the robot holding."""
@@ -328,14 +369,34 @@ class ControlLane:
             for ring in self.rings.values():
                 ring.close()
             self.ports.close()
+            if self.orphaned.is_set():
+                self._clean_after_main()
+
+    def _clean_after_main(self) -> None:
+        """Nobody else is left to remove what this run made: its shared memory (the rings,
+        the drivers' own segments) and the lane's socket files."""
+        if self.spec.shm_prefix:
+            unlink_prefix(self.spec.shm_prefix)
+        rt = self.cfg.runtime
+        run_dir = os.path.dirname(self.spec.estop.removeprefix("ipc://"))
+        operator = [
+            rt.control_endpoint or f"ipc://{run_dir}/control.sock",
+            rt.telemetry_endpoint or f"ipc://{run_dir}/telemetry.sock",
+        ]
+        for ep in (self.spec.down, self.spec.estop, self.spec.up, *operator):
+            if ep.startswith("ipc://"):
+                with contextlib.suppress(OSError):
+                    os.unlink(ep.removeprefix("ipc://"))
 
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     logging.basicConfig(level=logging.INFO, format="control: %(message)s")
     stacks = small_thread_stacks()  # before any thread starts (signals, ZeroMQ, the loop)
-    die_with_parent()
     stop = install_stop_signals()
+    # The main process's death is not a stop: the lane holds, then e-stops (ControlLane._orphan).
+    orphaned = signal_event((signal.SIGUSR2,))
+    die_with_parent(sig=signal.SIGUSR2)
     try:
         spec = msgspec.json.decode(argv[0], type=ControlSpec)
         lane = ControlLane(spec)
@@ -346,6 +407,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"robotd control: joint driver failed to open: {exc}", file=sys.stderr)
         return 3
     lane.stop = stop  # a signal and an inbound Shutdown end the loop the same way
+    lane.orphaned = orphaned
     if stacks:
         lane.warnings_at_start.append(stacks)
     thread = threading.Thread(target=lane.run_guarded, name="control-loop", daemon=True)

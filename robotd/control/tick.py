@@ -9,6 +9,7 @@ an exception from the kernel holds the last approved target.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Mapping
 
 import numpy as np
@@ -27,19 +28,27 @@ class TickIO:
     `frames()` returns each camera's newest frame reference (the control lane reads the
     rings' index; the virtual rig its own captures). `on_error(op, exc)` hears every failed
     driver operation ("read", "ground_truth", "torque", "write") and kernel error ("kernel").
-    `written` is the target written by the last tick (None when nothing was).
+    `written` is the target written by the last tick (None when nothing was); `done_ns`
+    when its writes (torque and target) were done, on the kernel's clock.
     """
 
     def __init__(
-        self, kernel: Kernel, driver: JointDriver, frames: FrameRefs, on_error: OnError
+        self,
+        kernel: Kernel,
+        driver: JointDriver,
+        frames: FrameRefs,
+        on_error: OnError,
+        clock: Callable[[], int] = time.monotonic_ns,
     ) -> None:
         self.kernel = kernel
+        self.clock = clock
         self.driver = driver
         self.frames = frames
         self.on_error = on_error
         self.torque = kernel.torque_on
         self.has_truth = False
         self.written: np.ndarray | None = None
+        self.done_ns = 0
 
     def start(self) -> None:
         """Before the first tick: hold where the joints are (the driver anchors its target
@@ -82,4 +91,5 @@ class TickIO:
                 self.written = target
             except Exception as exc:
                 self.on_error("write", exc)
+        self.done_ns = self.clock()
         return self.written

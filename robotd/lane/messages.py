@@ -245,13 +245,15 @@ class Stats(_Msg, tag="stats"):
 
 
 class Reply(_Msg, tag="reply"):
-    """The answer to the `Command` or `Estop` of id `id`."""
+    """The answer to the `Command` or `Estop` of id `id`. An e-stop is answered once the
+    tick that applied it has written its safe command: `written_ns` says when (monotonic)."""
 
     id: int | None
     ok: bool
     status: Status | None = None
     code: Text = ""
     message: Text = ""
+    written_ns: int | None = None
 
 
 class Event(_Msg, tag="event"):

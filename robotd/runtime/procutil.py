@@ -20,11 +20,13 @@ _stop_event: threading.Event | None = None
 PARENT_ENV = "ROBOTD_PARENT_PID"
 
 
-def die_with_parent(expected_parent: int | None = None) -> bool:
-    """Have the kernel send this process SIGTERM when its parent dies (Linux prctl).
+def die_with_parent(
+    expected_parent: int | None = None, sig: signal.Signals = signal.SIGTERM
+) -> bool:
+    """Have the kernel send this process `sig` (SIGTERM) when its parent dies (Linux prctl).
 
     Returns False (and does nothing) where unsupported. If `expected_parent` is given
-    and the parent is already someone else (it died before we asked), SIGTERM is sent
+    and the parent is already someone else (it died before we asked), `sig` is sent
     to ourselves right away. Note: the signal comes when the parent *thread* that
     spawned us exits, so parents should spawn children from a long-lived thread.
     """
@@ -39,7 +41,7 @@ def die_with_parent(expected_parent: int | None = None) -> bool:
         libc = ctypes.CDLL(None, use_errno=True)
         rc = libc.prctl(
             ctypes.c_int(PR_SET_PDEATHSIG),
-            ctypes.c_ulong(signal.SIGTERM),
+            ctypes.c_ulong(sig),
             ctypes.c_ulong(0),
             ctypes.c_ulong(0),
             ctypes.c_ulong(0),
@@ -49,7 +51,7 @@ def die_with_parent(expected_parent: int | None = None) -> bool:
     if rc != 0:
         return False
     if expected_parent is not None and os.getppid() != expected_parent:
-        os.kill(os.getpid(), signal.SIGTERM)
+        os.kill(os.getpid(), sig)
     return True
 
 
@@ -66,6 +68,13 @@ def install_stop_signals(
     global _stop_event
     if _stop_event is not None:
         return _stop_event
+    _stop_event = signal_event(signals)
+    return _stop_event
+
+
+def signal_event(signals: tuple[signal.Signals, ...]) -> threading.Event:
+    """An event set whenever one of `signals` arrives (call from the main thread; see
+    install_stop_signals for why a pipe and a thread, not the handler, set it)."""
     event = threading.Event()
     read_fd, write_fd = os.pipe()
     os.set_blocking(write_fd, False)
@@ -78,10 +87,9 @@ def install_stop_signals(
         while os.read(read_fd, 64):
             event.set()
 
-    threading.Thread(target=watch, name="stop-signals", daemon=True).start()
+    threading.Thread(target=watch, name="signals", daemon=True).start()
     for signum in signals:
         signal.signal(signum, handler)
-    _stop_event = event
     return event
 
 
