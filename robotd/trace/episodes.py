@@ -40,7 +40,8 @@ class OpenFile:
         wep = record.get("wep") if isinstance(record, dict) else getattr(record, "wep", None)
         seen = self.worker_episodes
         # the common case (same worker-side episode as the last tick) costs one compare
-        if wep is not None and (not seen or seen[-1] != str(wep)) and str(wep) not in seen:
+        new = wep is not None and (not seen or seen[-1] != str(wep)) and len(seen) < 1000
+        if new and str(wep) not in seen:
             seen.append(str(wep))
 
     def summary(self) -> dict[str, Any]:

@@ -20,6 +20,8 @@ MAGIC = b"\x89MCAP0\r\n"
 OP_HEADER, OP_FOOTER, OP_SCHEMA, OP_CHANNEL, OP_MESSAGE, OP_CHUNK = 1, 2, 3, 4, 5, 6
 OP_METADATA, OP_DATA_END = 0x0C, 0x0F
 _KNOWN = set(range(0x01, 0x10))  # the opcodes the MCAP spec defines
+_HEAD = struct.Struct("<BQ")
+_MSG = struct.Struct("<HIQQ")
 MAX_RECORD = 1 << 30
 MAX_CHUNK_UNCOMPRESSED = 1 << 30
 
@@ -170,12 +172,25 @@ def chunk_records(body: bytes) -> list[Record]:
     if len(plain) != size or zlib.crc32(plain) != crc:
         raise ScanError("chunk: fails its CRC")
     out: list[Record] = []
-    inner = _Cursor(plain, "chunk record")
-    while inner.pos < len(plain):
-        op, length = inner.take(1)[0], inner.u64()
-        record = _parse(op, inner.take(length))
-        if record is not None:
-            out.append(record)
+    pos, n = 0, len(plain)
+    while pos < n:
+        if pos + 9 > n:
+            raise ScanError("chunk: a record header runs past the chunk's end")
+        op, length = _HEAD.unpack_from(plain, pos)
+        pos += 9
+        end = pos + length
+        if end > n:
+            raise ScanError("chunk: a record runs past the chunk's end")
+        if op == OP_MESSAGE:  # the common case, parsed in one go
+            if length < _MSG.size:
+                raise ScanError("message: shorter than its fixed fields")
+            cid, seq, log_time, _publish = _MSG.unpack_from(plain, pos)
+            out.append(Message(cid, seq, log_time, plain[pos + _MSG.size : end]))
+        else:
+            record = _parse(op, plain[pos:end])
+            if record is not None:
+                out.append(record)
+        pos = end
     return out
 
 

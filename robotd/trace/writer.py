@@ -89,16 +89,19 @@ class WriterThread(threading.Thread):
         kind = item[0]
         if kind == "m":
             self._message(item[1], item[2], item[3], item[4])
-        elif kind == "f":
+            return False
+        if kind == "f":
             self._frame(*item[1:])
-        elif kind == "begin":
+            return False
+        # drops so far belong to the file open now, before a control item changes it
+        self._note_drops()
+        if kind == "begin":
             self._begin(*item[1:])
         elif kind == "end":
             self._end(*item[1:])
         elif kind == "verdict":
             self._verdict(*item[1:])
         elif kind == "sync":
-            self._note_drops()
             for f in self._open():
                 self._flush(f)
             item[1].set()
@@ -202,7 +205,9 @@ class WriterThread(threading.Thread):
         if self.current is not None:
             self._end(self.current, "superseded", None, t)
         self.current = key
-        if self.run_dir is None:
+        if self.run_dir is None:  # a live view alone
+            self._event(None, EPISODE_START, {"episode": episode, "worker_episode": wep,
+                                              "task": task})
             return
         info = {"episode": episode, "worker_episode": wep, "task": task,
                 "run": self.run_dir.name, "started": iso_now(), "ended": None,
@@ -221,10 +226,13 @@ class WriterThread(threading.Thread):
             self._broken(f, exc)
 
     def _end(self, key: int, outcome: str, verdict: Any, t: int) -> None:
-        if self.current == key:
+        was_current = self.current == key
+        if was_current:
             self.current = None
         f = self.files.pop(key, None)
         if f is None:
+            if was_current:  # a live view alone, or a file that never opened
+                self._event(None, EPISODE_END, {"outcome": outcome, "verdict": verdict})
             return
         if verdict is None:
             verdict = f.info.get("verdict")
