@@ -53,7 +53,7 @@ def _layout(path):
 def test_cut_at_every_byte_reads_whole_chunks_and_says_so(tmp_path):
     path = _episode(tmp_path, n=8, flush_bytes=500)
     full, _ = read_all(path)
-    data, ends, footer_end, chunk_ends = _layout(path)
+    data, ends, _, chunk_ends = _layout(path)
     assert len(chunk_ends) >= 3
     cut = tmp_path / "cut.mcap"
     shutil.copy(path, cut)
@@ -77,23 +77,22 @@ def test_a_flipped_byte_inside_a_chunk_fails_its_crc(tmp_path):
     path = _episode(tmp_path)
     full, _ = read_all(path)
     data, _, _, chunk_ends = _layout(path)
-    (second_start, _), (second_end, before) = chunk_ends[0], chunk_ends[1]
+    (second_start, _), (second_end, _) = chunk_ends[0], chunk_ends[1]
     broken = bytearray(data)
     broken[second_end - 10] ^= 0x40  # inside the second chunk's compressed data
     path.write_bytes(bytes(broken))
     reader = TraceReader(path)
     got = list(reader.messages())
     assert got == full[: chunk_ends[0][1]]  # the first chunk only; nothing after the damage
-    assert reader.status.torn and "CRC" in reader.status.damage or "decompress" in (
-        reader.status.damage
-    )
+    assert reader.status.torn
+    assert "CRC" in reader.status.damage or "decompress" in reader.status.damage
     assert second_start < second_end
 
 
 def test_zeros_and_garbage_after_the_data_stop_the_read(tmp_path):
     path = _episode(tmp_path)
     full, _ = read_all(path)
-    data, _, footer_end, chunk_ends = _layout(path)
+    data, _, _, chunk_ends = _layout(path)
     last_chunk_end, n = chunk_ends[-1]
     for tail in (b"\0" * 4096, b"\x06" + struct.pack("<Q", 10**12), b"\x06" + b"\xff" * 40):
         path.write_bytes(data[:last_chunk_end] + tail)
