@@ -17,6 +17,7 @@ from __future__ import annotations
 import datetime as dt
 import logging
 import threading
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -76,11 +77,14 @@ class EpisodeWriter:
         """Record a camera frame as it was handed to the policy (compressed bytes)."""
         return self._store._frame(self._key, camera, log_time_ns, jpeg, frame_index, fmt)
 
-    def end(self, outcome: str, verdict: dict[str, Any] | None = None) -> None:
+    def end(
+        self, outcome: str, verdict: dict[str, Any] | None = None, log_time_ns: int | None = None
+    ) -> None:
         """Close the episode's file cleanly (a verdict given later goes to `store.verdict`)."""
         if not self.ended:
             self.ended = True
-            self._store._end(self, outcome, verdict)
+            t = time.time_ns() if log_time_ns is None else log_time_ns
+            self._store._end(self, outcome, verdict, t)
 
 
 class TraceStore:
@@ -130,8 +134,15 @@ class TraceStore:
         self._closed = False
 
     # ---- what the daemon calls
-    def begin_episode(self, episode: int, worker_episode: str, task: str | None) -> EpisodeWriter:
-        """Open episode `episode`'s file (an episode still open is ended as ``superseded``)."""
+    def begin_episode(
+        self,
+        episode: int,
+        worker_episode: str,
+        task: str | None,
+        log_time_ns: int | None = None,
+    ) -> EpisodeWriter:
+        """Open episode `episode`'s file (an episode still open is ended as ``superseded``).
+        `log_time_ns` (default now) stamps its episode_start event."""
         if not isinstance(episode, int) or not 0 <= episode < 10**9:
             raise ValueError(f"trace: episode must be an int in [0, 1e9), got {episode!r}")
         if self._current is not None:
@@ -140,7 +151,8 @@ class TraceStore:
         writer = EpisodeWriter(self, self._next_key, episode)
         self._current = writer
         task = None if task is None else str(task)[:10_000]
-        self._outbox.put_control(("begin", writer._key, episode, str(worker_episode), task, 0))
+        t = time.time_ns() if log_time_ns is None else log_time_ns
+        self._outbox.put_control(("begin", writer._key, episode, str(worker_episode), task, t))
         return writer
 
     def write(self, channel: str, log_time_ns: int, record: Any) -> bool:
@@ -204,10 +216,10 @@ class TraceStore:
         return self._outbox.put_frame(("f", key, camera_topic(camera), t, jpeg, index, fmt),
                                       len(jpeg))
 
-    def _end(self, writer: EpisodeWriter, outcome: str, verdict: Any) -> None:
+    def _end(self, writer: EpisodeWriter, outcome: str, verdict: Any, t: int) -> None:
         if self._current is writer:
             self._current = None
-        self._outbox.put_control(("end", writer._key, str(outcome), verdict, 0))
+        self._outbox.put_control(("end", writer._key, str(outcome), verdict, t))
 
 
 def _hz(cfg: dict[str, Any]) -> float | None:

@@ -164,9 +164,11 @@ class WriterThread(threading.Thread):
         except OSError as exc:
             self._broken(target, exc)
 
-    def _event(self, target: OpenFile | None, name: str, detail: dict[str, Any]) -> None:
+    def _event(
+        self, target: OpenFile | None, name: str, detail: dict[str, Any], t: int | None = None
+    ) -> None:
         data = codec.encode({"name": name, "tick": None, "detail": detail})
-        self._emit(target, _EVENT_SPEC, time.time_ns(), data)
+        self._emit(target, _EVENT_SPEC, time.time_ns() if t is None else t, data)
 
     def _note_drops(self) -> None:
         now = (self.outbox.dropped_records, self.outbox.dropped_frames)
@@ -207,7 +209,7 @@ class WriterThread(threading.Thread):
         self.current = key
         if self.run_dir is None:  # a live view alone
             self._event(None, EPISODE_START, {"episode": episode, "worker_episode": wep,
-                                              "task": task})
+                                              "task": task}, t)
             return
         info = {"episode": episode, "worker_episode": wep, "task": task,
                 "run": self.run_dir.name, "started": iso_now(), "ended": None,
@@ -219,7 +221,7 @@ class WriterThread(threading.Thread):
             return
         f = OpenFile(mf, episode, mf.path.with_suffix(".json"), info={**info, "file": mf.path.name})
         self.files[key] = f
-        self._event(f, EPISODE_START, {"episode": episode, "worker_episode": wep, "task": task})
+        self._event(f, EPISODE_START, {"episode": episode, "worker_episode": wep, "task": task}, t)
         try:
             f.write_sidecar()
         except OSError as exc:
@@ -232,11 +234,11 @@ class WriterThread(threading.Thread):
         f = self.files.pop(key, None)
         if f is None:
             if was_current:  # a live view alone, or a file that never opened
-                self._event(None, EPISODE_END, {"outcome": outcome, "verdict": verdict})
+                self._event(None, EPISODE_END, {"outcome": outcome, "verdict": verdict}, t)
             return
         if verdict is None:
             verdict = f.info.get("verdict")
-        self._event(f, EPISODE_END, {"outcome": outcome, "verdict": verdict})
+        self._event(f, EPISODE_END, {"outcome": outcome, "verdict": verdict}, t)
         f.info.update(outcome=outcome, verdict=verdict, ended=iso_now())
         self._close_file(f, {"outcome": outcome, "verdict": verdict, **f.summary()})
         if f.sidecar is not None and f.episode is not None:
