@@ -74,7 +74,7 @@ def _print(runs: list[dict[str, Any]]) -> None:
         print(f"{r['run']}  {r['host']}  started {r['started']}  {_mib(r['bytes'])}  {state}")
         for e in r["episodes"]:
             ticks, dur = e.get("ticks", "?"), e.get("duration_s", "?")
-            line = (f"  episode {e.get('episode', '?'):>4}  {str(e.get('outcome') or '-'):<14}"
+            line = (f"  episode {e.get('episode', '?'):>4}  {e.get('outcome') or '-'!s:<14}"
                     f" {_verdict(e.get('verdict')):<20} {ticks:>6} ticks  {dur:>8} s")
             if e.get("task"):
                 line += f"  {e['task']!r}"
