@@ -211,8 +211,8 @@ def test_lerobot_loader_reads_the_export(tmp_path):
 
 def test_cli_export(tmp_path):
     run = record(tmp_path / "runs", episodes=1)
-    proc = subprocess.run([sys.executable, "-m", "robotd", "export", str(run / "episode-000001.mcap"),
-                           "--lerobot", str(tmp_path / "ds")], capture_output=True, text=True,
-                          timeout=120)
+    argv = [sys.executable, "-m", "robotd", "export", str(run / "episode-000001.mcap"),
+            "--lerobot", str(tmp_path / "ds")]
+    proc = subprocess.run(argv, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
     assert "1 episodes, 40 frames at 30 fps, cameras: top, wrist (mpeg4)" in proc.stdout
