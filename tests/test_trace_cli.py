@@ -93,3 +93,26 @@ def test_cli_runs_as_a_program(tmp_path):
     proc = subprocess.run([sys.executable, "-m", "robotd", "trace", "ls", str(tmp_path / "no")],
                           capture_output=True, text=True, timeout=60)
     assert proc.returncode == 2 and "no such directory" in proc.stderr
+
+
+def test_show_and_ls_survive_records_and_sidecars_of_the_wrong_shape(tmp_path, capsys):
+    store = TraceStore(tmp_path / "runs", 1 << 30, CONFIG)
+    ep = store.begin_episode(1, "w1", None)
+    for channel, record in [
+        ("/events", {"name": 5, "tick": "x", "detail": [1, 2]}),
+        ("/policy/chunk", {"rows": 7}),
+        ("/robot/tick", {"pos": "up", "target": {"a": 1}, "held": "no"}),
+        ("/operator", {}),
+        ("/link", {"kind": None}),
+    ]:
+        ep.write(channel, 1, record)
+    ep.end("stopped")
+    store.close()
+    run = store.run_dir
+    (run / "episode-000001.json").write_text(json.dumps(
+        {"ended": "yes", "episode": {"x": 1}, "verdict": "great", "ticks": [1], "task": 3}))
+    assert robotd_main(["trace", "show", str(run / "episode-000001.mcap")]) == 0
+    assert robotd_main(["trace", "show", str(run / "episode-000001.mcap"), "--all"]) == 0
+    assert robotd_main(["trace", "ls", str(tmp_path / "runs")]) == 0
+    assert robotd_main(["trace", "ls", str(tmp_path / "runs"), "--json"]) == 0
+    assert "Traceback" not in capsys.readouterr().err

@@ -216,3 +216,15 @@ def test_cli_export(tmp_path):
     proc = subprocess.run(argv, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
     assert "1 episodes, 40 frames at 30 fps, cameras: top, wrist (mpeg4)" in proc.stdout
+
+
+def test_export_names_a_bad_tick(tmp_path, capsys):
+    store = TraceStore(tmp_path / "runs", 1 << 30, CONFIG)
+    ep = store.begin_episode(1, "w1", None)
+    ep.write("/robot/tick", 1, tick(0))
+    ep.write("/robot/tick", 2, tick(1) | {"pos": [1.0, "up", 2.0]})
+    ep.end("stopped")
+    store.close()
+    assert export_main([str(store.run_dir), "--lerobot", str(tmp_path / "ds")]) == 2
+    err = capsys.readouterr().err
+    assert "episode-000001.mcap: tick 1: pos holds str" in err

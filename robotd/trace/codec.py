@@ -114,7 +114,7 @@ def decode(data: bytes) -> dict[str, Any]:
     """The record `encode` wrote, non-finite values restored. DecodeError for anything else."""
     try:
         record = json.loads(data)
-    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as exc:
+    except (ValueError, RecursionError) as exc:  # bad JSON, UTF-8, or a 5000-digit int
         raise DecodeError(f"not JSON: {exc}") from None
     if not isinstance(record, dict):
         raise DecodeError(f"not a JSON object but {type(record).__name__}")

@@ -64,6 +64,14 @@ def _vector(value: Any, n: int | None, what: str, path: Path, i: int) -> list[fl
     return out
 
 
+def _text(value: Any) -> str | None:
+    return None if value is None else str(value)[:1000]
+
+
+def _verdict(value: Any) -> dict[str, Any] | None:
+    return value if isinstance(value, dict) else None
+
+
 def load_episode(path: Path) -> EpisodeData:
     """Read an episode's ticks (all of them, in order) and find its cameras."""
     reader = TraceReader(path)
@@ -100,8 +108,9 @@ def load_episode(path: Path) -> EpisodeData:
         log_time=np.asarray(times, dtype=np.int64),
         held=np.asarray(held, dtype=bool),
         cameras=cameras,
-        outcome=side.get("outcome") or end.get("outcome"),
-        verdict=side.get("verdict") if side.get("verdict") is not None else end.get("verdict"),
+        outcome=_text(side.get("outcome") or end.get("outcome")),
+        verdict=_verdict(side.get("verdict") if side.get("verdict") is not None
+                         else end.get("verdict")),
         note="" if reader.status.complete else reader.status.message,
     )
 

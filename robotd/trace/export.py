@@ -86,8 +86,8 @@ def export_lerobot(inputs: list[Path], out: Path, *, codec: str = "mp4v",
         raise ExportError(f"{out}: exists and is not empty; choose a new directory")
     episodes = load_all(episode_paths(inputs))
     first = episodes[0]
-    joints = first.meta.get("joints") or [f"joint{i}" for i in range(first.state.shape[1])]
-    if len(joints) != first.state.shape[1]:
+    joints = first.meta.get("joints")
+    if not isinstance(joints, list) or len(joints) != first.state.shape[1]:
         joints = [f"joint{i}" for i in range(first.state.shape[1])]
     cameras = [c for c in first.cameras if all(c in ep.cameras for ep in episodes)]
     for cam in sorted({c for ep in episodes for c in ep.cameras} - set(cameras)):

@@ -84,6 +84,10 @@ def _image_stats(samples: list[np.ndarray]) -> dict[str, Any]:
     return stats
 
 
+def _int(value: Any) -> int:
+    return value if isinstance(value, int) and not isinstance(value, bool) else -1
+
+
 def _location(index: int) -> tuple[int, int]:
     return divmod(index, CHUNKS_SIZE)
 
@@ -148,7 +152,7 @@ class DatasetWriter:
     def add(self, ep: EpisodeData) -> None:
         index = len(self.rows)
         n = ep.ticks
-        task = ep.meta.get("task") or ""
+        task = str(ep.meta.get("task") or "")
         task_index = self.tasks.setdefault(task, len(self.tasks))
         chunk, file = _location(index)
         self._write_data(ep, index, task_index, chunk, file)
@@ -174,7 +178,7 @@ class DatasetWriter:
             "robotd/success": success if isinstance(success, bool) else None,
             "robotd/notes": str(verdict.get("notes") or ""),
             "robotd/run": str(ep.meta.get("run") or ""),
-            "robotd/episode": int(ep.meta.get("episode", -1)),
+            "robotd/episode": _int(ep.meta.get("episode")),
         }
         self.rows.append(row)
         self.frames += n

@@ -58,7 +58,8 @@ def run_summary(run: RunEntry) -> dict[str, Any]:
 def _verdict(v: Any) -> str:
     if not isinstance(v, dict):
         return "-"
-    word = {True: "success", False: "failure"}.get(v.get("success"), "-")
+    success = v.get("success")
+    word = {True: "success", False: "failure"}[success] if isinstance(success, bool) else "-"
     notes = v.get("notes")
     return f"{word} ({notes})" if notes else word
 
@@ -71,11 +72,11 @@ def _print(runs: list[dict[str, Any]]) -> None:
     for r in runs:
         state = "in use" if r["in_use"] else ("ended " + str(r["ended"]) if r["ended"]
                                              else "did not close")
-        print(f"{r['run']}  {r['host']}  started {r['started']}  {_mib(r['bytes'])}  {state}")
+        print(f"{r['run']}  {r['host']!s}  started {r['started']!s}  {_mib(r['bytes'])}  {state}")
         for e in r["episodes"]:
             ticks, dur = e.get("ticks", "?"), e.get("duration_s", "?")
-            line = (f"  episode {e.get('episode', '?'):>4}  {e.get('outcome') or '-'!s:<14}"
-                    f" {_verdict(e.get('verdict')):<20} {ticks:>6} ticks  {dur:>8} s")
+            line = (f"  episode {e.get('episode', '?')!s:>4}  {e.get('outcome') or '-'!s:<14}"
+                    f" {_verdict(e.get('verdict')):<20} {ticks!s:>6} ticks  {dur!s:>8} s")
             if e.get("task"):
                 line += f"  {e['task']!r}"
             if e.get("note"):

@@ -18,7 +18,7 @@ from typing import BinaryIO
 
 MAGIC = b"\x89MCAP0\r\n"
 OP_HEADER, OP_FOOTER, OP_SCHEMA, OP_CHANNEL, OP_MESSAGE, OP_CHUNK = 1, 2, 3, 4, 5, 6
-OP_METADATA, OP_DATA_END = 0x0C, 0x0F
+OP_MESSAGE_INDEX, OP_METADATA, OP_DATA_END = 0x07, 0x0C, 0x0F
 _KNOWN = set(range(0x01, 0x10))  # the opcodes the MCAP spec defines
 _HEAD = struct.Struct("<BQ")
 _MSG = struct.Struct("<HIQQ")
@@ -68,6 +68,15 @@ class Stop:
     size: int
     complete: bool  # a footer was found
     damage: str  # "" when the scan ended at the footer or exactly at the end of the bytes
+
+
+@dataclass(frozen=True)
+class Skipped:
+    """A record outside the chunks (metadata, summary) that does not parse: skipped. The
+    chunks after it are still read; their CRCs and sequence numbers keep them honest."""
+
+    offset: int
+    why: str
 
 
 Record = Schema | Channel | Message | Metadata
@@ -138,6 +147,15 @@ def _parse(op: int, body: bytes) -> Record | None:
     return None
 
 
+def _check_message_index(body: bytes) -> None:
+    """A message index is skipped, but its length must be its own: a damaged length would
+    otherwise send the scan past whole chunks without a word."""
+    c = _Cursor(body, "message index")
+    c.u16()
+    if c.u32() != len(body) - 6 or (len(body) - 6) % 16:
+        raise ScanError("message index: its length does not match its entries")
+
+
 def _decompress(kind: str, data: bytes, size: int) -> bytes:
     if kind == "":
         return data
@@ -148,7 +166,11 @@ def _decompress(kind: str, data: bytes, size: int) -> bytes:
     if kind == "lz4":
         import lz4.frame
 
-        return lz4.frame.decompress(data)
+        d = lz4.frame.LZ4FrameDecompressor()
+        out = d.decompress(data, max_length=size)
+        if not d.eof:
+            raise ScanError("chunk: more data than its stated size")
+        return out
     raise ScanError(f"chunk: unknown compression {kind[:20]!r}")
 
 
@@ -159,6 +181,8 @@ def chunk_records(body: bytes) -> list[Record]:
     size, crc = c.u64(), c.u32()
     kind = c.string()
     data = c.take(c.u64())
+    if c.pos != len(body):  # our chunks have no trailing bytes: a wrong length is damage
+        raise ScanError("chunk: its record length does not match its fields")
     if size > MAX_CHUNK_UNCOMPRESSED:
         raise ScanError(f"chunk: claims {size} bytes uncompressed")
     if crc == 0:
@@ -194,7 +218,7 @@ def chunk_records(body: bytes) -> list[Record]:
     return out
 
 
-def scan(f: BinaryIO, size: int) -> Iterator[Record | Stop]:
+def scan(f: BinaryIO, size: int) -> Iterator[Record | Skipped | Stop]:
     """Every valid record of an MCAP file in order, then one `Stop`.
 
     Chunks are opened and their records yielded only once the whole chunk checked out;
@@ -218,14 +242,21 @@ def scan(f: BinaryIO, size: int) -> Iterator[Record | Stop]:
             yield Stop(pos, size, False, f"a record cut short at byte {pos} ({length} bytes)")
             return
         body = f.read(length)
+        records: list[Record | Skipped] = []
         try:
             if op == OP_CHUNK:
-                records = chunk_records(body)
+                records = list(chunk_records(body))
             elif op == OP_MESSAGE:
                 raise ScanError("a message outside a chunk (no CRC covers it)")
+            elif op == OP_MESSAGE_INDEX:
+                _check_message_index(body)
             else:
-                parsed = _parse(op, body)
-                records = [parsed] if parsed is not None else []
+                try:
+                    parsed = _parse(op, body)
+                except ScanError as exc:
+                    records = [Skipped(pos, str(exc))]
+                else:
+                    records = [parsed] if parsed is not None else []
         except ScanError as exc:
             yield Stop(pos, size, False, f"{exc} at byte {pos}")
             return

@@ -17,7 +17,16 @@ from typing import Any
 
 from robotd.trace import codec
 from robotd.trace.mcapfile import META_END, META_EPISODE
-from robotd.trace.mcapscan import Channel, Message, Metadata, ScanError, Schema, Stop, scan
+from robotd.trace.mcapscan import (
+    Channel,
+    Message,
+    Metadata,
+    ScanError,
+    Schema,
+    Skipped,
+    Stop,
+    scan,
+)
 
 
 class TraceError(ValueError):
@@ -43,6 +52,9 @@ class ReadStatus:
     messages: int = 0
     bad_messages: int = 0  # whole, CRC-valid messages that are not robotd records
     first_bad: str = ""
+    gaps: int = 0  # breaks in a channel's sequence numbers: whole chunks missing
+    first_gap: str = ""
+    skipped: list[str] = field(default_factory=list)  # damaged records outside the chunks
 
     @property
     def recovered(self) -> bool:
@@ -67,6 +79,10 @@ class ReadStatus:
             )
         if self.bad_messages:
             text += f"; {self.bad_messages} unreadable messages skipped ({self.first_bad})"
+        if self.skipped:
+            text += f"; {len(self.skipped)} damaged records skipped ({self.skipped[0]})"
+        if self.gaps:
+            text += f"; {self.gaps} breaks in the record sequence ({self.first_gap})"
         return text
 
 
@@ -106,11 +122,18 @@ class TraceReader:
 
     def _walk(self, f: Any, st: ReadStatus, wanted: set[str] | None) -> Iterator[TraceMessage]:
         channels: dict[int, tuple[str, str]] = {}
+        last_seq: dict[int, int] = {}
         try:
             records = scan(f, st.size)
             for rec in records:
                 if isinstance(rec, Message):
                     topic, enc = channels.get(rec.channel_id, ("", ""))
+                    prev = last_seq.get(rec.channel_id, 0)
+                    if rec.sequence != prev + 1:
+                        st.gaps += 1
+                        st.first_gap = st.first_gap or (
+                            f"{topic or rec.channel_id}: {prev} then {rec.sequence}")
+                    last_seq[rec.channel_id] = rec.sequence
                     if not topic:
                         self._bad(st, f"a message on unknown channel {rec.channel_id}")
                     elif wanted is None or topic in wanted:
@@ -124,6 +147,8 @@ class TraceReader:
                 elif isinstance(rec, Stop):
                     st.offset, st.complete = rec.offset, rec.complete
                     st.torn, st.damage = bool(rec.damage), rec.damage
+                elif isinstance(rec, Skipped) and len(st.skipped) < 100:
+                    st.skipped.append(f"{rec.why} at byte {rec.offset}")
                 elif not isinstance(rec, Schema):
                     raise AssertionError(rec)
         except ScanError as exc:

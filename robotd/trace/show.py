@@ -36,6 +36,14 @@ def _nums(values: Any) -> str:
     return "[" + " ".join(f"{v:.3f}" if isinstance(v, float) else str(v) for v in values) + "]"
 
 
+def _dict(value: Any) -> dict[str, Any]:
+    return value if isinstance(value, dict) else {}
+
+
+def _count(value: Any) -> Any:
+    return len(value) if isinstance(value, list) else value
+
+
 def _one(msg: TraceMessage) -> str:
     r = msg.record
     if msg.topic == TICK:
@@ -44,11 +52,11 @@ def _one(msg: TraceMessage) -> str:
     if is_camera_topic(msg.topic):
         return f"frame {msg.topic.rsplit('/', 1)[-1]} #{r.get('frame_index')}"
     if msg.topic == "/events":
-        detail = " ".join(f"{k}={json.dumps(v)}" for k, v in (r.get("detail") or {}).items())
+        detail = " ".join(f"{k}={json.dumps(v)}" for k, v in _dict(r.get("detail")).items())
         return f"{r.get('name')} tick={r.get('tick')} {detail}".rstrip()
     if msg.topic == "/policy/chunk":
-        rows = r.get("rows") or []
-        return (f"chunk ask={r.get('ask')} from={r.get('from')} at={r.get('at')} rows={len(rows)}"
+        rows = _count(r.get("rows"))
+        return (f"chunk ask={r.get('ask')} from={r.get('from')} at={r.get('at')} rows={rows}"
                 f" dropped={r.get('dropped')}" + (" STALE" if r.get("stale") else ""))
     if msg.topic == "/policy/ask":
         return (f"ask id={r.get('id')} s={r.get('s')} queue={r.get('queue')}"
@@ -96,7 +104,7 @@ def _fold(messages: Iterator[TraceMessage]) -> Iterator[tuple[int, str]]:
 
 
 def _header(reader: TraceReader) -> list[str]:
-    ep, end = reader.episode, reader.end or {}
+    ep, end = _dict(reader.episode), _dict(reader.end)
     lines = [f"{reader.path}", reader.status.message]
     if ep:
         lines.append(f"episode {ep.get('episode')} of run {ep.get('run')}, task {ep.get('task')!r},"
