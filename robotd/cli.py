@@ -1,4 +1,5 @@
-"""`robotd run | serve | check`: the daemon, the reference policy worker, a config check."""
+"""`robotd run | serve | check | trace | export`: the daemon, the reference policy worker, a
+config check, looking at traces, exporting them as datasets."""
 
 from __future__ import annotations
 
@@ -65,6 +66,11 @@ def _parser() -> argparse.ArgumentParser:
     check = sub.add_parser("check", help="validate a robot config and print it resolved")
     check.add_argument("--config", type=Path, default=DEFAULT_CONFIG)
     check.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
+
+    # listed for --help; main() hands their arguments to robotd.trace.cli before parsing
+    for name, text in (("trace", "look at traces: trace ls [DIR] | trace show EPISODE.mcap"),
+                       ("export", "export traces: export RUN_OR_EPISODES --lerobot DIR")):
+        sub.add_parser(name, help=text, add_help=False).add_argument("rest", nargs="...")
     return p
 
 
@@ -96,6 +102,11 @@ def _load_checked(args: argparse.Namespace) -> Config:
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["trace"] or argv[:1] == ["export"]:  # their own parsers (--help included)
+        from robotd.trace import cli as trace_cli
+
+        return trace_cli.main(argv[1:]) if argv[0] == "trace" else trace_cli.export(argv[1:])
     args = _parser().parse_args(argv)
     if args.command == "serve":
         from robotd.runtime.daemon import setup_logging

@@ -28,6 +28,7 @@ from pydantic import (
 
 from robotd.errors import ConfigError, format_validation_error
 from robotd.link.openpi.options import OpenpiOptions
+from robotd.trace.options import TraceOptions
 
 
 def _default_config(repo_file: Path) -> Path:
@@ -213,6 +214,7 @@ class Config(_Model):
     cameras: dict[str, CameraConfig] = {}
     policy: PolicyConfig = PolicyConfig()
     runtime: RuntimeConfig = RuntimeConfig()
+    trace: TraceOptions = TraceOptions()
 
     @model_validator(mode="after")
     def _cross(self) -> Config:

@@ -1,0 +1,106 @@
+"""``robotd trace ls [DIR]``: the runs under a trace root and their episodes.
+
+Each episode's outcome, verdict and length come from its sidecar JSON; an episode that
+never ended (the daemon died) is read from its MCAP file instead, and said so.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+from robotd.trace.options import TraceOptions, trace_root
+from robotd.trace.reader import TraceError, TraceReader
+from robotd.trace.rundir import RunEntry, episode_files, in_use, list_runs, read_json, tree_bytes
+from robotd.trace.schemas import TICK
+
+
+def _scan_episode(path: Path) -> dict[str, Any]:
+    """What a crashed episode's file holds: its start metadata, ticks and span."""
+    reader = TraceReader(path)
+    ticks, first, last = 0, None, None
+    try:
+        for msg in reader.messages([TICK]):
+            ticks += 1
+            first = msg.log_time if first is None else first
+            last = msg.log_time
+    except TraceError as exc:
+        return {"file": path.name, "outcome": None, "note": str(exc)}
+    span = (last - first) / 1e9 if first is not None and last is not None else 0.0
+    end = reader.end or {}
+    return {**reader.episode, **end, "file": path.name, "ticks": ticks,
+            "duration_s": round(span, 6), "note": reader.status.message}
+
+
+def episode_info(path: Path, recording: bool) -> dict[str, Any]:
+    side = read_json(path.with_suffix(".json"))
+    if side is not None and side.get("ended"):
+        return {**side, "file": path.name}
+    if recording:
+        return {**(side or {}), "file": path.name, "outcome": "(recording)"}
+    return _scan_episode(path)
+
+
+def run_summary(run: RunEntry) -> dict[str, Any]:
+    live = in_use(run.path)
+    info = run.info
+    return {
+        "run": run.name, "path": str(run.path), "started": info.get("started"),
+        "ended": info.get("ended"), "host": info.get("host"), "robotd": info.get("robotd"),
+        "in_use": live, "bytes": tree_bytes(run.path),
+        "episodes": [episode_info(p, live) for p in episode_files(run.path)],
+    }
+
+
+def _verdict(v: Any) -> str:
+    if not isinstance(v, dict):
+        return "-"
+    success = v.get("success")
+    word = {True: "success", False: "failure"}[success] if isinstance(success, bool) else "-"
+    notes = v.get("notes")
+    return f"{word} ({notes})" if notes else word
+
+
+def _mib(n: int) -> str:
+    return f"{n / (1 << 20):.1f} MiB"
+
+
+def _print(runs: list[dict[str, Any]]) -> None:
+    for r in runs:
+        state = "in use" if r["in_use"] else ("ended " + str(r["ended"]) if r["ended"]
+                                             else "did not close")
+        print(f"{r['run']}  {r['host']!s}  started {r['started']!s}  {_mib(r['bytes'])}  {state}")
+        for e in r["episodes"]:
+            ticks, dur = e.get("ticks", "?"), e.get("duration_s", "?")
+            line = (f"  episode {e.get('episode', '?')!s:>4}  {e.get('outcome') or '-'!s:<14}"
+                    f" {_verdict(e.get('verdict')):<20} {ticks!s:>6} ticks  {dur!s:>8} s")
+            if e.get("task"):
+                line += f"  {e['task']!r}"
+            if e.get("note"):
+                line += f"  [{e['note']}]"
+            print(line)
+        if not r["episodes"]:
+            print("  (no episodes)")
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="robotd trace ls", description=__doc__.splitlines()[0])
+    p.add_argument("dir", type=Path, nargs="?", default=None,
+                   help="trace root (default: $STATE_DIRECTORY/traces under systemd, else runs/)")
+    p.add_argument("--json", action="store_true", help="one JSON object")
+    args = p.parse_args(argv)
+    root = args.dir if args.dir is not None else trace_root(TraceOptions())
+    if not root.is_dir():
+        print(f"robotd trace ls: {root}: no such directory", file=sys.stderr)
+        return 2
+    runs = [run_summary(r) for r in list_runs(root)]
+    if args.json:
+        print(json.dumps({"root": str(root), "runs": runs}, default=str))
+    elif not runs:
+        print(f"{root}: no runs")
+    else:
+        _print(runs)
+    return 0

@@ -1,0 +1,156 @@
+"""``robotd trace show EPISODE.mcap``: an episode's timeline, readable or as JSON.
+
+By default runs of ticks in the same state (moving, held, a shield intervention, an
+invalid observation, skipped) and runs of one camera's frames are folded into one line;
+``--all`` prints every record. ``--json`` prints one JSON object (frames without their
+image bytes).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from robotd.trace.reader import TraceError, TraceMessage, TraceReader
+from robotd.trace.schemas import TICK, is_camera_topic
+
+
+def _tick_state(r: dict[str, Any]) -> str:
+    if r.get("skipped"):
+        return "skipped"
+    if not r.get("ok", True):
+        return "observation invalid"
+    parts = ["held" if r.get("held") else "moving"]
+    if r.get("shield"):
+        parts.append(f"shield {r['shield']}")
+    return ", ".join(parts)
+
+
+def _nums(values: Any) -> str:
+    if not isinstance(values, list):
+        return str(values)
+    return "[" + " ".join(f"{v:.3f}" if isinstance(v, float) else str(v) for v in values) + "]"
+
+
+def _dict(value: Any) -> dict[str, Any]:
+    return value if isinstance(value, dict) else {}
+
+
+def _count(value: Any) -> Any:
+    return len(value) if isinstance(value, list) else value
+
+
+def _one(msg: TraceMessage) -> str:
+    r = msg.record
+    if msg.topic == TICK:
+        return (f"tick s={r.get('s')} wep={r.get('wep')} {_tick_state(r)} pos={_nums(r.get('pos'))}"
+                f" target={_nums(r.get('target'))}")
+    if is_camera_topic(msg.topic):
+        return f"frame {msg.topic.rsplit('/', 1)[-1]} #{r.get('frame_index')}"
+    if msg.topic == "/events":
+        detail = " ".join(f"{k}={json.dumps(v)}" for k, v in _dict(r.get("detail")).items())
+        return f"{r.get('name')} tick={r.get('tick')} {detail}".rstrip()
+    if msg.topic == "/policy/chunk":
+        rows = _count(r.get("rows"))
+        return (f"chunk ask={r.get('ask')} from={r.get('from')} at={r.get('at')} rows={rows}"
+                f" dropped={r.get('dropped')}" + (" STALE" if r.get("stale") else ""))
+    if msg.topic == "/policy/ask":
+        return (f"ask id={r.get('id')} s={r.get('s')} queue={r.get('queue')}"
+                f" delay={r.get('delay')}")
+    if msg.topic == "/operator":
+        verdict = "ok" if r.get("ok") else f"error: {r.get('error')}"
+        return f"operator {r.get('cmd')} {json.dumps(r.get('args'))} -> {verdict}"
+    if msg.topic == "/link":
+        return f"link {r.get('kind')} {json.dumps(r.get('detail'))}"
+    return f"{msg.topic} {json.dumps(r)[:200]}"
+
+
+def _fold(messages: Iterator[TraceMessage]) -> Iterator[tuple[int, str]]:
+    """(log_time, line) with runs of same-state ticks and of one camera's frames folded."""
+    run: list[TraceMessage] = []
+    key = None
+
+    def flush() -> Iterator[tuple[int, str]]:
+        if len(run) == 1:
+            yield run[0].log_time, _one(run[0])
+        elif run:
+            a, b = run[0].record, run[-1].record
+            if run[0].topic == TICK:
+                text = f"ticks s={a.get('s')}..{b.get('s')} ({len(run)}) {_tick_state(a)}"
+            else:
+                cam = run[0].topic.rsplit("/", 1)[-1]
+                text = f"frames {cam} #{a.get('frame_index')}..#{b.get('frame_index')} ({len(run)})"
+            yield run[0].log_time, text
+
+    for msg in messages:
+        if msg.topic == TICK:
+            k: Any = (TICK, _tick_state(msg.record), msg.record.get("wep"))
+        elif is_camera_topic(msg.topic):
+            k = (msg.topic,)
+        else:
+            k = None
+        if k is None or k != key:
+            yield from flush()
+            run, key = [], k
+        if k is None:
+            yield msg.log_time, _one(msg)
+        else:
+            run.append(msg)
+    yield from flush()
+
+
+def _header(reader: TraceReader) -> list[str]:
+    ep, end = _dict(reader.episode), _dict(reader.end)
+    lines = [f"{reader.path}", reader.status.message]
+    if ep:
+        lines.append(f"episode {ep.get('episode')} of run {ep.get('run')}, task {ep.get('task')!r},"
+                     f" {ep.get('hz')} Hz, ticks every {ep.get('tick_every')}")
+    if end:
+        lines.append(f"outcome {end.get('outcome')}, verdict {json.dumps(end.get('verdict'))},"
+                     f" {end.get('ticks')} ticks, {end.get('duration_s')} s")
+    return lines
+
+
+def _json(reader: TraceReader) -> dict[str, Any]:
+    timeline = []
+    for msg in reader.messages():
+        record = msg.record
+        if is_camera_topic(msg.topic) and isinstance(record.get("data"), str):
+            record = {**record, "data": None, "data_bytes": len(record["data"]) * 3 // 4}
+        timeline.append({"t": msg.log_time, "topic": msg.topic, "seq": msg.sequence,
+                         "record": record})
+    st = reader.status
+    return {
+        "file": str(reader.path),
+        "status": {"complete": st.complete, "torn": st.torn, "message": st.message,
+                   "messages": st.messages, "bad_messages": st.bad_messages},
+        "episode": reader.episode, "end": reader.end, "timeline": timeline,
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="robotd trace show", description=__doc__.splitlines()[0])
+    p.add_argument("episode", type=Path, help="an episode's .mcap file")
+    p.add_argument("--json", action="store_true", help="one JSON object")
+    p.add_argument("--all", action="store_true", help="every record, nothing folded")
+    args = p.parse_args(argv)
+    reader = TraceReader(args.episode)
+    try:
+        if args.json:
+            print(json.dumps(_json(reader), default=str))
+            return 0
+        messages = reader.messages()
+        lines = ((m.log_time, _one(m)) for m in messages) if args.all else _fold(messages)
+        body = list(lines)  # read first: the header states what the read found
+    except TraceError as exc:
+        print(f"robotd trace show: {exc}", file=sys.stderr)
+        return 2
+    print("\n".join(_header(reader)))
+    t0 = min((t for t, _ in body), default=0)
+    for t, text in body:
+        print(f"  {(t - t0) / 1e9:+10.3f}s  {text}")
+    return 0

@@ -1,0 +1,82 @@
+"""Frames at the control rate, encoded as MP4 with OpenCV's VideoWriter.
+
+Codecs: ``mp4v`` (MPEG-4 Part 2, yuv420p; the default: fast, and every FFmpeg-based
+decoder reads it, LeRobot's included) or ``vp9`` (smaller files, much slower to encode).
+Each output frame is the newest camera frame at its tick: the frame the robot had then.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import cv2
+import numpy as np
+
+CODECS = {"mp4v": ("mp4v", "mpeg4"), "vp9": ("vp09", "vp9")}  # fourcc, FFmpeg's codec name
+
+
+class VideoError(RuntimeError):
+    """A video that cannot be written; the text says which and why."""
+
+
+@dataclass(frozen=True)
+class VideoInfo:
+    frames: int
+    width: int
+    height: int
+    codec: str  # FFmpeg's name, as LeRobot records it
+    resized: int  # frames resized to the first frame's size
+
+
+def frames_at_ticks(
+    frames: Iterable[tuple[int, bytes]], tick_times: np.ndarray
+) -> Iterator[np.ndarray]:
+    """For each tick time, the newest decoded frame captured at or before it (before the
+    first frame: the first frame). `frames` must come in time order."""
+    it = iter(frames)
+    current: np.ndarray | None = None
+    pending = next(it, None)
+
+    def decode(item: tuple[int, bytes]) -> np.ndarray | None:
+        img = cv2.imdecode(np.frombuffer(item[1], np.uint8), cv2.IMREAD_COLOR)
+        return img if img is not None and img.ndim == 3 else None
+
+    for t in tick_times:
+        # take every frame captured by t (and, before the first one, the first one)
+        while pending is not None and (current is None or pending[0] <= t):
+            img = decode(pending)
+            pending = next(it, None)
+            if img is not None:
+                current = img
+        if current is None:
+            raise VideoError("no frame decodes")
+        yield current
+
+
+def write_video(path: Path, frames: Iterable[np.ndarray], fps: int, codec: str) -> VideoInfo:
+    """Write BGR frames as an MP4 at `fps`; every frame is resized to the first one's size."""
+    fourcc, name = CODECS[codec]
+    writer = None
+    count = resized = 0
+    size = (0, 0)
+    try:
+        for img in frames:
+            if writer is None:
+                size = (img.shape[1], img.shape[0])
+                path.parent.mkdir(parents=True, exist_ok=True)
+                writer = cv2.VideoWriter(str(path), cv2.VideoWriter_fourcc(*fourcc), fps, size)
+                if not writer.isOpened():
+                    raise VideoError(f"{path}: OpenCV cannot write {codec} here")
+            if (img.shape[1], img.shape[0]) != size:
+                img = cv2.resize(img, size, interpolation=cv2.INTER_AREA)
+                resized += 1
+            writer.write(img)
+            count += 1
+    finally:
+        if writer is not None:
+            writer.release()
+    if count == 0:
+        raise VideoError(f"{path}: no frames")
+    return VideoInfo(count, size[0], size[1], name, resized)

@@ -1,0 +1,330 @@
+"""The trace's writer thread: encodes records, writes MCAP files, flushes, keeps the budget.
+
+Everything slow happens here, never on the event loop: JSON encoding, compression, file
+I/O, fsync, deleting old runs. Items arrive in order through the `Outbox`; the thread
+wakes every `poll_s` (or at once for control items), drains what is there, records any
+drops as an event, and flushes each open file once `flush_s` has passed or `flush_bytes`
+are pending. Errors are logged and counted; the thread never dies of one.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Protocol
+
+from robotd.trace import budget, codec
+from robotd.trace.episodes import OpenFile, iso_now
+from robotd.trace.mcapfile import McapFile
+from robotd.trace.outbox import Outbox
+from robotd.trace.rundir import SESSION, episode_name, write_json_atomic
+from robotd.trace.schemas import (
+    CHANNELS,
+    EPISODE_END,
+    EPISODE_START,
+    EVENTS,
+    TICK,
+    TRACE_DROP,
+    ChannelSpec,
+    spec_for,
+)
+
+log = logging.getLogger("robotd.trace")
+_EVENT_SPEC = CHANNELS[EVENTS]
+
+
+class Sink(Protocol):
+    """Something else fed the same encoded messages (the live view)."""
+
+    def publish(self, spec: ChannelSpec, log_time_ns: int, data: bytes) -> None: ...
+    def close(self) -> None: ...
+
+
+@dataclass(frozen=True)
+class WriterSettings:
+    flush_s: float = 1.0
+    flush_bytes: int = 1 << 20
+    fsync: bool = True
+    compression: str = "zstd"
+    poll_s: float = 0.02
+    max_bytes: int = 4 << 30
+    episode_meta: tuple[tuple[str, Any], ...] = ()  # added to every episode's start metadata
+
+
+class WriterThread(threading.Thread):
+    def __init__(
+        self, outbox: Outbox, run_dir: Path | None, settings: WriterSettings, sink: Sink | None
+    ) -> None:
+        super().__init__(name="robotd-trace", daemon=True)
+        self.outbox, self.run_dir, self.settings, self.sink = outbox, run_dir, settings, sink
+        self.files: dict[int, OpenFile] = {}  # episode writer key -> open episode file
+        self.current: int | None = None
+        self.session: OpenFile | None = None
+        self.sidecars: dict[int, tuple[Path, dict[str, Any]]] = {}  # episode -> ended sidecar
+        self.records = self.frames = self.bytes = self.errors = self.deleted = 0
+        self._drops_seen = (0, 0)
+        self._complaints: dict[str, int] = {}
+        self._since_budget = 0
+
+    # ---- the loop
+    def run(self) -> None:
+        self._budget()
+        closing = False
+        while not closing:
+            self.outbox.wake.wait(self.settings.poll_s)
+            self.outbox.wake.clear()
+            while (item := self.outbox.take()) is not None:
+                try:
+                    closing = self._handle(item) or closing
+                except Exception as exc:
+                    self._complain(f"item:{item[0]}", f"trace: {item[0]}: {exc!r}")
+            self._note_drops()
+            self._flush_due()
+        self._shutdown()
+
+    def _handle(self, item: tuple[Any, ...]) -> bool:
+        kind = item[0]
+        if kind == "m":
+            self._message(item[1], item[2], item[3], item[4])
+            return False
+        if kind == "f":
+            self._frame(*item[1:])
+            return False
+        # drops so far belong to the file open now, before a control item changes it
+        self._note_drops()
+        if kind == "begin":
+            self._begin(*item[1:])
+        elif kind == "end":
+            self._end(*item[1:])
+        elif kind == "verdict":
+            self._verdict(*item[1:])
+        elif kind == "sync":
+            for f in self._open():
+                self._flush(f)
+            item[1].set()
+        elif kind == "close":
+            return True
+        return False
+
+    # ---- messages
+    def _file_for(self, key: int | None) -> OpenFile | None:
+        f = self.files.get(self.current if key is None else key)  # type: ignore[arg-type]
+        if f is None or f.broken:
+            f = self._session()
+        return f
+
+    def _message(self, key: int | None, topic: str, log_time_ns: int, record: Any) -> None:
+        spec = spec_for(topic)
+        if spec is None:
+            self._complain(f"topic:{topic}", f"trace: no channel {topic!r}; record dropped")
+            return
+        try:
+            data = codec.encode(record)
+        except (TypeError, ValueError) as exc:
+            self._complain(f"encode:{topic}", f"trace: {topic}: cannot encode a record: {exc}")
+            return
+        target = self._file_for(key)
+        if target is not None and topic == TICK:
+            target.saw_tick(log_time_ns, record)
+        self._emit(target, spec, log_time_ns, data)
+        self.records += 1
+
+    def _frame(
+        self, key: int | None, topic: str, log_time_ns: int, jpeg: bytes, index: int, fmt: str
+    ) -> None:
+        self.outbox.bytes_out += len(jpeg)
+        spec = spec_for(topic)
+        if spec is None:
+            self._complain(f"topic:{topic}", f"trace: no camera channel {topic!r}")
+            return
+        data = codec.encode_frame(topic.rsplit("/", 1)[-1], log_time_ns, jpeg, index, fmt)
+        target = self._file_for(key)
+        if target is not None:
+            target.frames += 1
+        self._emit(target, spec, log_time_ns, data)
+        self.frames += 1
+
+    def _emit(self, target: OpenFile | None, spec: ChannelSpec, t: int, data: bytes) -> None:
+        if self.sink is not None:
+            try:
+                self.sink.publish(spec, t, data)
+            except Exception as exc:
+                self._complain("sink", f"trace: live view: {exc!r}")
+        if target is None:
+            return
+        try:
+            target.file.add(spec, t, data)
+            self.bytes += len(data)
+            self._since_budget += len(data)
+            if target.file.unflushed >= self.settings.flush_bytes:
+                self._flush(target)
+        except OSError as exc:
+            self._broken(target, exc)
+
+    def _event(
+        self, target: OpenFile | None, name: str, detail: dict[str, Any], t: int | None = None
+    ) -> None:
+        data = codec.encode({"name": name, "tick": None, "detail": detail})
+        self._emit(target, _EVENT_SPEC, time.time_ns() if t is None else t, data)
+
+    def _note_drops(self) -> None:
+        now = (self.outbox.dropped_records, self.outbox.dropped_frames)
+        if now != self._drops_seen:
+            records, frames = now[0] - self._drops_seen[0], now[1] - self._drops_seen[1]
+            self._drops_seen = now
+            log.warning("trace: queue full: %d records and %d frames dropped", records, frames)
+            detail = {"records": records, "frames": frames, "total_records": now[0],
+                      "total_frames": now[1]}
+            self._event(self._file_for(None), TRACE_DROP, detail)
+
+    # ---- files
+    def _open_file(self, stem: str, meta: dict[str, Any]) -> McapFile:
+        assert self.run_dir is not None
+        for attempt in range(1000):
+            path = self.run_dir / (episode_name_attempt(stem, attempt) + ".mcap")
+            try:
+                return McapFile(
+                    path, meta, compression=self.settings.compression, fsync=self.settings.fsync
+                )
+            except FileExistsError:
+                continue
+        raise FileExistsError(f"{self.run_dir}: no free name for {stem}")
+
+    def _session(self) -> OpenFile | None:
+        if self.session is None and self.run_dir is not None:
+            try:
+                mf = self._open_file(SESSION.removesuffix(".mcap"), {"run": self.run_dir.name})
+            except OSError as exc:
+                self._complain("session", f"trace: cannot open {SESSION}: {exc}")
+                return None
+            self.session = OpenFile(mf, None, None)
+        return self.session if self.session is None or not self.session.broken else None
+
+    def _begin(self, key: int, episode: int, wep: str, task: str | None, t: int) -> None:
+        if self.current is not None:
+            self._end(self.current, "superseded", None, t)
+        self.current = key
+        if self.run_dir is None:  # a live view alone
+            self._event(None, EPISODE_START, {"episode": episode, "worker_episode": wep,
+                                              "task": task}, t)
+            return
+        info = {"episode": episode, "worker_episode": wep, "task": task,
+                "run": self.run_dir.name, "started": iso_now(), "ended": None,
+                "outcome": None, "verdict": None, **dict(self.settings.episode_meta)}
+        try:
+            mf = self._open_file(episode_name(episode), info)
+        except OSError as exc:
+            self._complain("open", f"trace: cannot open episode {episode}'s file: {exc}")
+            return
+        f = OpenFile(mf, episode, mf.path.with_suffix(".json"), info={**info, "file": mf.path.name})
+        self.files[key] = f
+        self._event(f, EPISODE_START, {"episode": episode, "worker_episode": wep, "task": task}, t)
+        try:
+            f.write_sidecar()
+        except OSError as exc:
+            self._broken(f, exc)
+
+    def _end(self, key: int, outcome: str, verdict: Any, t: int) -> None:
+        was_current = self.current == key
+        if was_current:
+            self.current = None
+        f = self.files.pop(key, None)
+        if f is None:
+            if was_current:  # a live view alone, or a file that never opened
+                self._event(None, EPISODE_END, {"outcome": outcome, "verdict": verdict}, t)
+            return
+        if verdict is None:
+            verdict = f.info.get("verdict")
+        self._event(f, EPISODE_END, {"outcome": outcome, "verdict": verdict}, t)
+        f.info.update(outcome=outcome, verdict=verdict, ended=iso_now())
+        self._close_file(f, {"outcome": outcome, "verdict": verdict, **f.summary()})
+        if f.sidecar is not None and f.episode is not None:
+            self.sidecars[f.episode] = (f.sidecar, {**f.info, **f.summary()})
+        self._budget()
+
+    def _verdict(self, episode: int, verdict: Any) -> None:
+        for f in self.files.values():
+            if f.episode == episode:
+                f.info["verdict"] = verdict
+                self._event(f, "verdict", {"episode": episode, "verdict": verdict})
+                return
+        if episode in self.sidecars:
+            path, info = self.sidecars[episode]
+            info["verdict"] = verdict
+            try:
+                write_json_atomic(path, info)
+            except OSError as exc:
+                self._complain("verdict", f"trace: cannot record the verdict in {path}: {exc}")
+        self._event(self._session(), "verdict", {"episode": episode, "verdict": verdict})
+
+    def _close_file(self, f: OpenFile, end: dict[str, Any]) -> None:
+        if f.broken:
+            return
+        try:
+            f.file.finish(end)
+            f.write_sidecar()
+        except OSError as exc:
+            self._broken(f, exc)
+
+    def _broken(self, f: OpenFile, exc: OSError) -> None:
+        if not f.broken:
+            f.broken = True
+            f.file.abandon()
+            self._complain(f"broken:{f.file.path}", f"trace: {f.file.path}: {exc}; file closed")
+
+    def _open(self) -> list[OpenFile]:
+        out = [f for f in self.files.values() if not f.broken]
+        if self.session is not None and not self.session.broken:
+            out.append(self.session)
+        return out
+
+    def _flush(self, f: OpenFile) -> None:
+        try:
+            f.file.flush()
+        except OSError as exc:
+            self._broken(f, exc)
+        f.last_flush = time.monotonic()
+
+    def _flush_due(self) -> None:
+        now = time.monotonic()
+        for f in self._open():
+            if f.file.unflushed and now - f.last_flush >= self.settings.flush_s:
+                self._flush(f)
+        if self._since_budget >= max(1 << 20, self.settings.max_bytes // 16):
+            self._budget()
+
+    def _budget(self) -> None:
+        self._since_budget = 0
+        if self.run_dir is None:
+            return
+        try:
+            open_paths = [f.file.path for f in self._open()]
+            gone = budget.enforce(self.run_dir.parent, self.settings.max_bytes, self.run_dir,
+                                  open_paths)
+            self.deleted += len(gone)
+        except OSError as exc:
+            self._complain("budget", f"trace: disk budget: {exc}")
+
+    def _shutdown(self) -> None:
+        for key in list(self.files):
+            self._end(key, "daemon_stopped", None, time.time_ns())
+        if self.session is not None:
+            self._close_file(self.session, {"outcome": None})
+        if self.sink is not None:
+            try:
+                self.sink.close()
+            except Exception as exc:
+                self._complain("sink", f"trace: live view close: {exc!r}")
+
+    def _complain(self, key: str, text: str) -> None:
+        self.errors += 1
+        n = self._complaints[key] = self._complaints.get(key, 0) + 1
+        if n == 1 or n % 1000 == 0:
+            log.error("%s%s", text, f" ({n} times)" if n > 1 else "")
+
+
+def episode_name_attempt(stem: str, attempt: int) -> str:
+    return stem if attempt == 0 else f"{stem}-{attempt}"
