@@ -245,3 +245,10 @@ def ipc_path(endpoint: str) -> Path | None:
         if path and not path.startswith("@"):  # '@': Linux abstract namespace, no file
             return Path(path)
     return None
+
+
+def optional_episode(msg: dict[str, Any]) -> str | None:
+    """A ping's `episode` (optional): the id to report on, or None."""
+    if msg.get("episode") is None:
+        return None
+    return episode_field(msg)
