@@ -330,3 +330,29 @@ def test_a_hung_thread_copy_is_reported_and_replaced() -> None:
         assert fresh[4] == 1  # a new policy instance: its first reset
     finally:
         worker.stop()
+
+
+def test_calls_queued_for_a_copy_are_bounded_and_all_answered_when_it_hangs() -> None:
+    worker = Worker("copy_policies:Faulty", "--copies", "1", "--hang-s", "2")
+    c = worker.client
+    try:
+        first = c.act("Q1", 0, mode="hang")
+        wait_for(lambda: c.ping()["pool"]["busy"] == 1, "the copy computing")
+        queued = [c.act("Q1", s) for s in range(1, 71)]
+        codes = [c.recv(rid)["error"]["code"] for rid in [first, *queued]]
+        assert codes.count("busy") == 70 - 64 and codes.count("episode_lost") == 65
+        assert set(codes[-6:]) == {"busy"}  # the ones over the bound, answered at once
+        assert row(c.request(_act_msg("Q2", 0)))[0] == 0
+    finally:
+        worker.stop()
+
+
+def test_an_act_waiting_for_uploads_hears_at_once_that_its_episode_was_lost(spare: Worker) -> None:
+    c = spare.client
+    assert row(c.request(_act_msg("W1", 0)))[0] == 0
+    victim = spare.pid_of("W1")
+    named = {"cmd": "act", "episode": "W1", "step": 1, "steps": [1], "reads": [["x"]]}
+    parked = c.send({**named, "wait_s": 600})  # "x" is never uploaded
+    wait_for(lambda: c.ping()["queued"] == 1, "the act parked")
+    os.kill(victim, signal.SIGKILL)
+    assert "SIGKILL" in lost(c.recv(parked))["message"]

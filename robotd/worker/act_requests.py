@@ -192,6 +192,10 @@ class ActRequests:
                 self.parked.remove(act)
 
     def expire(self) -> None:
+        """Answer the parked acts whose wait is over, or whose episode was lost meanwhile."""
+        for act in [p for p in self.parked if p.task.episode in self.pool.lost]:
+            self.parked.remove(act)
+            self.pool.submit(act.task)  # answered episode_lost at once
         now = time.monotonic()
         for episode in {p.task.episode for p in self.parked if p.deadline <= now}:
             self.recheck(episode)

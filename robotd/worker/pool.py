@@ -198,11 +198,11 @@ class Pool:
             text = f"field 'episode': episode {episode!r} has ended; start a new episode id"
             self.reply(task.route, error(task.rid, "episode_ended", text))
             return
-        if self.queued() >= MAX_QUEUED:
-            raise Busy
         if task.kind == "end":
             self._end(task)
             return
+        if self.queued() >= MAX_QUEUED:
+            raise Busy
         slot = self.bound.get(episode)
         if slot is None and not any(t.episode == episode for t in self.waiting):
             slot = self._slot_for_new()
@@ -220,6 +220,8 @@ class Pool:
     def _end(self, task: Task) -> None:
         episode = task.episode
         slot = self.bound.get(episode)
+        if slot is not None and self.queued() >= MAX_QUEUED:
+            raise Busy  # before anything changes: the client may end it again
         if episode not in self.lost:
             self.ended[episode] = None
             _trim(self.ended)
