@@ -127,6 +127,7 @@ class Worker:
         self.ctx.term()
         self.proc.terminate()
         self.proc.wait(10)
+        shutil.rmtree(self.dir, ignore_errors=True)
 
 
 def _handoff(acts: int) -> dict[str, dict[str, float]]:

@@ -7,8 +7,10 @@ import math
 import os
 import shutil
 import signal
+import tempfile
 import time
 from collections.abc import Iterator
+from pathlib import Path
 
 import anyio
 import numpy as np
@@ -314,6 +316,10 @@ def test_copies_go_when_the_worker_is_killed() -> None:
     for pid in pids:
         wait_for(lambda p=pid: not _alive(p), f"copy {pid} gone")
     shutil.rmtree(worker.dir, ignore_errors=True)
+    left = list(Path(tempfile.gettempdir()).glob(f"robotd-copies-{worker.proc.pid}-*"))
+    assert left  # its private socket directory: nobody removed it
+    Worker("copy_policies:Faulty", "--copies", "1").stop()  # the next worker does
+    assert not any(d.exists() for d in left)
 
 
 def test_a_hung_thread_copy_is_reported_and_replaced() -> None:

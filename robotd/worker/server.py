@@ -20,7 +20,6 @@ from __future__ import annotations
 import logging
 import shutil
 import signal
-import tempfile
 import threading
 import time
 from collections.abc import Callable
@@ -41,6 +40,7 @@ from robotd.worker.requests import (
     BadRequest,
     observe_endpoint,
     prepare_ipc,
+    private_dir,
     remove_ipc,
     request_id,
     upload_fields,
@@ -120,7 +120,7 @@ class _Server:
         ctx = zmq.Context()
         sockets: list[zmq.Socket] = []
         bound: list[str] = []
-        private = tempfile.mkdtemp(prefix="robotd-copies-")  # 0700: only we reach the copies
+        private = private_dir()  # 0700: only this user reaches the copies
         pool: Pool | None = None
         helpers: list[Any] = []
         try:
