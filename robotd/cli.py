@@ -32,7 +32,26 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--no-status", action="store_true", help="no live status line")
     run.add_argument("-v", "--verbose", action="store_true")
 
-    serve = sub.add_parser("serve", help="serve a policy to robotd daemons")
+    _serve_parser(sub.add_parser("serve", help="serve a policy to robotd daemons"))
+
+    unit = sub.add_parser("unit", help="print the systemd unit for this installation")
+    unit.add_argument("--prefix", type=Path, default=None, help="where robotd is installed")
+    unit.add_argument("--config", default="/etc/robotd/robot.toml", help="the robot's config")
+
+    check = sub.add_parser("check", help="validate a robot config and print it resolved")
+    check.add_argument("--config", type=Path, default=DEFAULT_CONFIG)
+    check.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
+
+    # listed for --help; main() hands their arguments to robotd.trace.cli before parsing
+    for name, text in (
+        ("trace", "look at traces: trace ls [DIR] | trace show EPISODE.mcap"),
+        ("export", "export traces: export RUN_OR_EPISODES --lerobot DIR"),
+    ):
+        sub.add_parser(name, help=text, add_help=False).add_argument("rest", nargs="...")
+    return p
+
+
+def _serve_parser(serve: argparse.ArgumentParser) -> None:
     serve.add_argument("policy", help="MODULE:CLASS of the policy")
     serve.add_argument("--bind", required=True, help="ZeroMQ endpoint, e.g. tcp://0.0.0.0:5555")
     serve.add_argument(
@@ -57,21 +76,30 @@ def _parser() -> argparse.ArgumentParser:
     serve.add_argument("--max-episode-frames", type=int, default=1024)
     serve.add_argument("--max-episode-mib", type=int, default=64)
     serve.add_argument("--max-worker-mib", type=int, default=1024)
+    serve.add_argument(
+        "--copies",
+        type=int,
+        default=1,
+        help="copies of the policy, each in its own process (idle ones are warm spares); "
+        "0: one copy in a thread of the worker, without isolation",
+    )
+    serve.add_argument(
+        "--hang-s",
+        type=float,
+        default=5.0,
+        help="a call into a copy unanswered this long is a hang: the copy is killed and "
+        "its episode lost (keep it below the robot's patience)",
+    )
+    serve.add_argument(
+        "--start-s", type=float, default=120.0, help="a copy not ready this long is given up"
+    )
+    serve.add_argument(
+        "--copy-memory-mib",
+        type=int,
+        default=0,
+        help="address-space limit of each copy process (RLIMIT_AS; 0: none)",
+    )
     serve.add_argument("--args-json", default=None, help=argparse.SUPPRESS)
-
-    unit = sub.add_parser("unit", help="print the systemd unit for this installation")
-    unit.add_argument("--prefix", type=Path, default=None, help="where robotd is installed")
-    unit.add_argument("--config", default="/etc/robotd/robot.toml", help="the robot's config")
-
-    check = sub.add_parser("check", help="validate a robot config and print it resolved")
-    check.add_argument("--config", type=Path, default=DEFAULT_CONFIG)
-    check.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
-
-    # listed for --help; main() hands their arguments to robotd.trace.cli before parsing
-    for name, text in (("trace", "look at traces: trace ls [DIR] | trace show EPISODE.mcap"),
-                       ("export", "export traces: export RUN_OR_EPISODES --lerobot DIR")):
-        sub.add_parser(name, help=text, add_help=False).add_argument("rest", nargs="...")
-    return p
 
 
 def _policy_kwargs(args: argparse.Namespace) -> dict:
@@ -101,6 +129,49 @@ def _load_checked(args: argparse.Namespace) -> Config:
     return cfg
 
 
+def _serve(args: argparse.Namespace) -> int:
+    from robotd.runtime.daemon import setup_logging
+    from robotd.runtime.procutil import die_with_parent
+    from robotd.worker.policy_host import PolicyLoadError
+    from robotd.worker.server import CopyOptions, serve
+    from robotd.worker.store import MB, StoreLimits
+
+    # A local worker goes when its daemon goes; a remote one's parent is a shell or systemd.
+    die_with_parent()
+    setup_logging()
+    try:
+        limits = StoreLimits(
+            episode_frames=args.max_episode_frames,
+            episode_bytes=args.max_episode_mib * MB,
+            worker_bytes=args.max_worker_mib * MB,
+        )
+        copies = CopyOptions(
+            copies=args.copies,
+            hang_s=args.hang_s,
+            start_s=args.start_s,
+            memory_bytes=args.copy_memory_mib * MB,
+        )
+    except ValueError as exc:
+        print(f"robotd serve: {exc}", file=sys.stderr)
+        return 2
+    try:
+        serve(
+            args.policy,
+            args.bind,
+            policy_kwargs=_policy_kwargs(args),
+            observe=args.observe,
+            limits=limits,
+            stream_wait_s=args.stream_wait_s,
+            copies=copies,
+        )
+    except PolicyLoadError as exc:
+        print(f"robotd serve: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:  # Ctrl-C reaches the whole process group: a clean stop
+        return 0
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] == ["trace"] or argv[:1] == ["export"]:  # their own parsers (--help included)
@@ -109,36 +180,7 @@ def main(argv: list[str] | None = None) -> int:
         return trace_cli.main(argv[1:]) if argv[0] == "trace" else trace_cli.export(argv[1:])
     args = _parser().parse_args(argv)
     if args.command == "serve":
-        from robotd.runtime.daemon import setup_logging
-        from robotd.runtime.procutil import die_with_parent
-        from robotd.worker.server import serve
-        from robotd.worker.store import MB, StoreLimits
-
-        # A local worker goes when its daemon goes; a remote one's parent is a shell or systemd.
-        die_with_parent()
-        setup_logging()
-        from robotd.worker.policy_host import PolicyLoadError
-
-        try:
-            limits = StoreLimits(
-                episode_frames=args.max_episode_frames,
-                episode_bytes=args.max_episode_mib * MB,
-                worker_bytes=args.max_worker_mib * MB,
-            )
-            serve(
-                args.policy,
-                args.bind,
-                policy_kwargs=_policy_kwargs(args),
-                observe=args.observe,
-                limits=limits,
-                stream_wait_s=args.stream_wait_s,
-            )
-        except PolicyLoadError as exc:
-            print(f"robotd serve: {exc}", file=sys.stderr)
-            return 2
-        except KeyboardInterrupt:  # Ctrl-C reaches the whole process group: a clean stop
-            return 0
-        return 0
+        return _serve(args)
     if args.command == "unit":
         return _print_unit(args)
     try:

@@ -4,6 +4,10 @@ BadRequest naming the field; and the worker's endpoints."""
 from __future__ import annotations
 
 import contextlib
+import os
+import shutil
+import stat
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -245,3 +249,37 @@ def ipc_path(endpoint: str) -> Path | None:
         if path and not path.startswith("@"):  # '@': Linux abstract namespace, no file
             return Path(path)
     return None
+
+
+def optional_episode(msg: dict[str, Any]) -> str | None:
+    """A ping's `episode` (optional): the id to report on, or None."""
+    if msg.get("episode") is None:
+        return None
+    return episode_field(msg)
+
+
+PRIVATE_PREFIX = "robotd-copies-"
+
+
+def private_dir() -> Path:
+    """A new 0700 directory for the copies' socket, named for this process; directories
+    left by workers that died without cleaning up (SIGKILL) are removed first."""
+    tmp = Path(tempfile.gettempdir())
+    with contextlib.suppress(OSError):
+        for old in tmp.glob(f"{PRIVATE_PREFIX}*-*"):
+            pid = old.name[len(PRIVATE_PREFIX) :].split("-", 1)[0]
+            info = old.lstat()
+            mine = stat.S_ISDIR(info.st_mode) and info.st_uid == os.getuid()
+            if mine and pid.isdigit() and not _alive(int(pid)):
+                shutil.rmtree(old, ignore_errors=True)
+    return Path(tempfile.mkdtemp(prefix=f"{PRIVATE_PREFIX}{os.getpid()}-"))
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True

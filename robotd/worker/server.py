@@ -1,66 +1,60 @@
 """The reference policy worker: serves one policy over ZeroMQ (docs/protocol.md).
 
-Threads and sockets:
+Processes, threads and sockets:
+- The policy runs in copies (robotd.worker.pool): each its own child process, or with
+  `copies=0` one thread of the worker. The worker's main process never builds the policy:
+  it learns the contract from the first copy that is ready.
 - The calling thread owns every socket and runs one poll loop: the act ROUTER that clients'
-  DEALERs talk to, the observe ROUTER that daemons upload observations to (SPEC §4), and an
-  inproc PAIR on which the policy thread hands back its replies. Requests are parsed and
-  checked here, so a malformed one is answered at once even while the policy computes.
-- Uploads go into the frame store (robotd.worker.store). An act that names steps not yet
-  uploaded is parked, never blocking the loop: each upload re-checks the parked acts of its
-  episode, and an act still incomplete after its wait (default 10 s) is answered
-  `missing_steps`, naming them, so that the daemon sends them inline.
-- One policy thread makes every call into the PolicyHost (episode bookkeeping, reset,
-  frame decoding, infer, on_episode_end) in dispatch order, one at a time.
-- A decoder thread decodes each uploaded frame as it is kept, ahead of the act that reads it
-  (within StoreLimits.decoded_bytes), so that the policy thread mostly finds it done.
+  DEALERs talk to, the observe ROUTER that daemons upload observations to (SPEC §4), the
+  copies ROUTER, the preparer's inproc PAIR, and each copy process's pidfd (readable the
+  moment it ends). Requests are parsed and checked here, and pings answered, whatever the
+  copies are doing.
+- Uploads go into the frame store (robotd.worker.store), decoded ahead on a decoder thread;
+  an act naming steps not yet uploaded is parked until they come or its wait is over
+  (robotd.worker.act_requests).
+- A preparer thread decodes what was not done ahead and packs each act for its copy.
 """
 
 from __future__ import annotations
 
 import logging
-import queue
+import shutil
 import signal
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
 
 import zmq
 
 from robotd import wire
-from robotd.worker.policy_host import Decoder, PolicyHost
-from robotd.worker.policy_loop import Job, PolicyLoop, drop_queued, reply_error, send
+from robotd.contract import Actions, Observations
+from robotd.worker.act_requests import ActRequests
+from robotd.worker.decoding import Decoder
+from robotd.worker.health import health
+from robotd.worker.params import params_to_wire
+from robotd.worker.policy_load import PolicyLoadError
+from robotd.worker.pool import Pool
+from robotd.worker.preparer import OK, Preparer
 from robotd.worker.requests import (
     BadRequest,
-    act_fields,
-    episode_field,
-    named_act_fields,
     observe_endpoint,
     prepare_ipc,
+    private_dir,
     remove_ipc,
     request_id,
     upload_fields,
 )
+from robotd.worker.slots import CopyOptions
 from robotd.worker.store import DecodeBudget, FrameStore, StoreLimits
 
 log = logging.getLogger("robotd.worker")
 
 PROTOCOL = 1
-MAX_QUEUED = 64  # requests waiting for the policy thread (or parked); beyond that: "busy"
+FEATURES = ["ping", "params", "episode_lost"]
 _POLL_MS = 100  # how often the loop looks at `stop`
 
-
-@dataclass(slots=True)
-class _Parked:
-    """An act naming steps the store does not hold yet."""
-
-    job: Job
-    reads: list[list[str]]
-    inline: dict[int, dict[str, Any]]
-    release_below: int | None
-    deadline: float
-    wait_s: float = 0.0
+__all__ = ["CopyOptions", "observe_endpoint", "serve"]
 
 
 def serve(
@@ -73,10 +67,13 @@ def serve(
     observe: str | None = None,
     limits: StoreLimits | None = None,
     stream_wait_s: float = 10.0,
+    copies: CopyOptions | None = None,
 ) -> None:
     """Load `policy` (MODULE:CLASS) and serve it on `bind` until `stop` is set.
 
-    The observe socket binds `observe`, by default derived from `bind` (see
+    `copies` says how the policy runs (default CopyOptions(copies=0): one copy in a thread
+    of this process, as `serve` always did; `robotd serve` runs one child process by
+    default). The observe socket binds `observe`, by default derived from `bind` (see
     `observe_endpoint`). `ready(endpoint)` is called once both listen, with the act endpoint
     bound (for tcp://host:0, the port actually chosen). `limits` bound the frame store;
     `stream_wait_s` is how long an act waits for its steps unless it says otherwise. Raises
@@ -84,8 +81,9 @@ def serve(
     bound. Without `stop`, serves until SIGTERM (handled when called from the main thread)
     or KeyboardInterrupt.
     """
-    host = PolicyHost(policy, policy_kwargs)
-    server = _Server(host, limits or StoreLimits(), stream_wait_s)
+    server = _Server(
+        policy, dict(policy_kwargs or {}), limits or StoreLimits(), stream_wait_s, copies
+    )
     observe = observe or observe_endpoint(bind)
     if stop is not None:
         server.run(bind, observe, ready, stop)
@@ -101,305 +99,242 @@ def serve(
 
 
 class _Server:
-    def __init__(self, host: PolicyHost, limits: StoreLimits, stream_wait_s: float) -> None:
-        self.host = host
-        self.decoder = Decoder(host, DecodeBudget(limits.decoded_bytes))
-        streams = host.observations.streams if host.observations is not None else None
-        self.store = FrameStore(limits, keys=streams, on_frame=self.decoder.submit)
+    def __init__(
+        self,
+        spec: str,
+        kwargs: dict[str, Any],
+        limits: StoreLimits,
+        stream_wait_s: float,
+        copies: CopyOptions | None,
+    ) -> None:
+        self.spec, self.kwargs, self.limits = spec, kwargs, limits
         self.stream_wait_s = stream_wait_s
-        self.jobs: queue.Queue[Job | None] = queue.Queue(maxsize=MAX_QUEUED)
-        self.parked: list[_Parked] = []
+        self.options = copies or CopyOptions(copies=0)
+        self.started = time.monotonic()
         self.observe_ep: str | None = None
-        self.router: zmq.Socket | None = None  # the act socket, set by run()
-        self.hello = {
-            "protocol": PROTOCOL,
-            "contract": {
-                "observations": host.observations.to_wire() if host.observations else None,
-                "actions": host.actions.to_wire() if host.actions else None,
-            },
-            "endpoints": {"observe": None},
-            "limits": self.store.limits.to_wire(),
-            "policy": host.spec,
-        }
+        self.hello_result: dict[str, Any] = {}
 
     def run(
         self, bind: str, observe: str, ready: Callable[[str], None] | None, stop: threading.Event
     ) -> None:
         ctx = zmq.Context()
-        router, obs = ctx.socket(zmq.ROUTER), ctx.socket(zmq.ROUTER)
-        for sock in (router, obs):
-            sock.setsockopt(zmq.LINGER, 0)
-            sock.setsockopt(zmq.MAXMSGSIZE, wire.MAX_MESSAGE_BYTES)
-        done = ctx.socket(zmq.PAIR)
-        done_addr = f"inproc://robotd-worker-done-{id(self)}"
-        done.bind(done_addr)
-        thread = threading.Thread(
-            target=PolicyLoop(self.host, ctx, done_addr, self.jobs).run,
-            name="robotd-policy",
-            daemon=True,
-        )
+        sockets: list[zmq.Socket] = []
         bound: list[str] = []
+        private = private_dir()  # 0700: only this user reaches the copies
+        pool: Pool | None = None
+        helpers: list[Any] = []
         try:
+            copies_sock = _socket(ctx, zmq.ROUTER, sockets)
+            if self.options.copies == 0:
+                copies_ep = f"inproc://robotd-copies-{id(self)}"
+            else:
+                copies_ep = f"ipc://{private}/copies.sock"
+            copies_sock.bind(copies_ep)
+            pool = Pool(self.spec, self.kwargs, self.options, copies_sock, copies_ep, self._reply)
+            pool.copies.start()
+            if not _await_first_copy(pool, copies_sock, stop):
+                return
+            store, decoder, preparer, prep_sock = self._build(ctx, pool, sockets)
+            helpers += [decoder, preparer]
+            router = _socket(ctx, zmq.ROUTER, sockets)
+            obs = _socket(ctx, zmq.ROUTER, sockets)
             for sock, ep in ((router, bind), (obs, observe)):
                 prepare_ipc(ep)
                 sock.bind(ep)
                 bound.append(sock.getsockopt_string(zmq.LAST_ENDPOINT))
             self.observe_ep = bound[1]
-            thread.start()
-            self.decoder.start()
+            windowed = self.hello_result["contract"]["observations"] is not None
+            self.acts = ActRequests(
+                router, pool, store, windowed, self.stream_wait_s, self._hello, self._health
+            )
             # stdout, not the log: the one line a supervisor or a user waits for.
             print(
-                f"robotd worker: policy {self.host.spec} listening on {bound[0]} "
-                f"(observe {bound[1]})",
+                f"robotd worker: policy {self.spec} listening on {bound[0]} (observe {bound[1]})",
                 flush=True,
             )
             if ready is not None:
                 ready(bound[0])
-            self._loop(router, obs, done, stop, thread)
+            self._loop(pool, store, obs, prep_sock, stop)
         finally:
-            self.decoder.stop()
-            if thread.is_alive():
-                drop_queued(self.jobs)  # shutting down: unanswered requests time out
-                self.jobs.put(None)
-                thread.join(timeout=5.0)
-            for sock in (router, obs, done):
+            for helper in helpers:
+                helper.stop()
+            if pool is not None:
+                pool.copies.stop()
+            for sock in sockets:
                 sock.close(linger=0)
             for ep in bound:
                 remove_ipc(ep)
-            if thread.is_alive():  # a hung infer keeps its socket: don't wait on term()
-                log.warning("policy thread still busy at shutdown; leaving it behind")
+            shutil.rmtree(private, ignore_errors=True)
+            if pool is not None and pool.copies.threads_left():  # a hung thread copy holds a socket
+                log.warning("a copy's thread is still busy at shutdown; leaving it behind")
             else:
                 ctx.term()
 
+    def _build(
+        self, ctx: zmq.Context, pool: Pool, sockets: list[zmq.Socket]
+    ) -> tuple[FrameStore, Decoder, Preparer, zmq.Socket]:
+        """What needs the policy's contract: the store, the decoder, the preparer, hello."""
+        first = pool.copies.ready_message or {}
+        contract = first.get("contract") or {}
+        observations = contract.get("observations")
+        obs = Observations.from_wire(observations) if observations is not None else None
+        actions = contract.get("actions")
+        act = Actions.from_wire(actions) if actions is not None else None
+        streams = obs.streams if obs is not None else {}
+        layouts = {k: s.camera.layout for k, s in streams.items() if s.camera is not None}
+        decoder = Decoder(layouts, DecodeBudget(self.limits.decoded_bytes))
+        store = FrameStore(
+            self.limits, keys=streams if obs is not None else None, on_frame=decoder.submit
+        )
+        prep_sock = _socket(ctx, zmq.PAIR, sockets)
+        prep_addr = f"inproc://robotd-prepare-{id(self)}"
+        prep_sock.bind(prep_addr)
+        preparer = Preparer(ctx, prep_addr, layouts)
+        pool.prepare = preparer.submit
+        decoder.start()
+        preparer.start()
+        self.hello_result = {
+            "protocol": PROTOCOL,
+            "contract": {
+                "observations": obs.to_wire() if obs is not None else None,
+                "actions": act.to_wire() if act is not None else None,
+            },
+            "endpoints": {"observe": None},
+            "limits": self.limits.to_wire(),
+            "policy": self.spec,
+            "features": FEATURES,
+            "copies": {
+                "count": self.options.copies,
+                "isolated": self.options.copies > 0,
+                "hang_s": self.options.hang_s,
+            },
+        }
+        self.pool = pool
+        return store, decoder, preparer, prep_sock
+
+    def _hello(self, observe: bool) -> dict[str, Any]:
+        params = params_to_wire(self.pool.copies.declared, self.pool.params_next)
+        endpoints = {"observe": self.observe_ep if observe else None}
+        return {**self.hello_result, "endpoints": endpoints, "params": params}
+
+    def _health(self, episode: str | None) -> dict[str, Any]:
+        return health(self.pool, self.acts, self.started, episode)
+
+    def _reply(self, route: list[bytes], reply: dict[str, Any]) -> None:
+        self.acts.send(route, reply)
+
     def _loop(
         self,
-        router: zmq.Socket,
+        pool: Pool,
+        store: FrameStore,
         obs: zmq.Socket,
-        done: zmq.Socket,
+        prep: zmq.Socket,
         stop: threading.Event,
-        thread: threading.Thread,
     ) -> None:
-        self.router = router
-        poller = zmq.Poller()
-        for sock in (router, obs, done):
-            poller.register(sock, zmq.POLLIN)
+        router, copies = self.acts.router, pool.copies.sock
         while not stop.is_set():
-            if not thread.is_alive():
-                raise RuntimeError("the policy thread died; see the log above")
-            ready = dict(poller.poll(self._poll_ms()))
-            if done in ready:
-                while _drain_one(done, router):
-                    pass
+            poller = zmq.Poller()
+            for sock in (router, obs, copies, prep):
+                poller.register(sock, zmq.POLLIN)
+            for fd in pool.copies.fds():
+                poller.register(fd, zmq.POLLIN)
+            now = time.monotonic()
+            wait_ms = min(self.acts.poll_ms(_POLL_MS), int(pool.copies.next_check(now) * 1e3) + 1)
+            ready = dict(poller.poll(wait_ms))
+            # Copies' messages before their exits: a copy's last words explain its end.
+            if copies in ready:
+                for frames in _recv_all(copies):
+                    pool.on_message(frames)
+            if prep in ready:
+                for frames in _recv_all(prep, copy=False):
+                    identity, seq, tag = (f.bytes for f in frames[:3])
+                    pool.prepared(identity, int.from_bytes(seq, "little"), tag == OK, frames[3:])
+            pool.copies.check(time.monotonic())
             if obs in ready:
-                touched = {self._handle_observe(obs, frames) for frames in _recv_all(obs)}
+                touched = {_handle_observe(store, obs, frames) for frames in _recv_all(obs)}
                 for episode in touched - {None}:
-                    self._recheck(episode)
+                    self.acts.recheck(episode)
             if router in ready:
                 for frames in _recv_all(router):
-                    self._handle(router, frames)
-            self._expire()
+                    self.acts.handle(frames)
+            self.acts.expire()
 
-    def _poll_ms(self) -> int:
-        if not self.parked:
-            return _POLL_MS
-        left = min(p.deadline for p in self.parked) - time.monotonic()
-        return max(0, min(_POLL_MS, int(left * 1e3) + 1))
 
-    # ---- the act socket ---------------------------------------------------------------------
+def _socket(ctx: zmq.Context, kind: int, sockets: list[zmq.Socket]) -> zmq.Socket:
+    sock = ctx.socket(kind)
+    sock.setsockopt(zmq.LINGER, 0)
+    if kind == zmq.ROUTER:
+        sock.setsockopt(zmq.MAXMSGSIZE, wire.MAX_MESSAGE_BYTES)
+    sockets.append(sock)
+    return sock
 
-    def _handle(self, router: zmq.Socket, frames: list[bytes]) -> None:
-        """Answer, queue or park one request; every failure becomes an error reply."""
-        route, body = frames[:-1], frames[-1]
-        if len(route) not in (1, 2) or (len(route) == 2 and route[1] != b""):
-            reply_error(
-                router,
-                frames[:1],
-                None,
-                "bad_request",
-                f"request must be one frame, got {len(frames) - 1}",
-            )
-            return
-        rid = None
-        try:
-            msg = wire.unpackb(body)
-            rid = request_id(msg)
-            result = self._parse(msg, route, rid)
-            if isinstance(result, Job):
-                self.jobs.put_nowait(result)
-            elif isinstance(result, _Parked):
-                self._try(result)
-            else:  # answered without the policy (hello)
-                send(router, route, {"id": rid, "ok": True, "result": result})
-        except BadRequest as err:
-            reply_error(router, route, rid, err.code, str(err), err.extra)
-        except wire.WireError as err:
-            reply_error(router, route, None, "bad_request", f"request is not msgpack: {err}")
-        except queue.Full:
-            reply_error(
-                router, route, rid, "busy", f"{MAX_QUEUED} requests already wait for the policy"
-            )
 
-    def _parse(
-        self, msg: dict[str, Any], route: list[bytes], rid: int
-    ) -> Job | _Parked | dict[str, Any]:
-        """A job for the policy thread, an act to look up, or the result of a request
-        answered at once."""
-        cmd = msg.get("cmd")
-        if not isinstance(cmd, str):
-            raise BadRequest("bad_request", f"field 'cmd': missing or not a string ({cmd!r})")
-        if cmd == "hello":
-            if msg.get("observe") is True:
-                return {**self.hello, "endpoints": {"observe": self.observe_ep}}
-            return self.hello
-        if cmd == "end_episode":
-            episode = episode_field(msg)
-            self._end(episode)
-            return Job("end", route, rid, episode)
-        if cmd == "act":
-            episode = episode_field(msg)
-            windowed = self.host.observations is not None
-            if "reads" not in msg:  # observations inline, as sent before uploads existed
-                step, steps, observations = act_fields(msg, windowed)
-                return Job(
-                    "act", route, rid, episode, step, steps, observations, time.perf_counter()
-                )
-            step, steps, reads, inline, below, wait_s = named_act_fields(
-                msg, windowed, self.stream_wait_s
-            )
-            job = Job("act", route, rid, episode, step, steps, None, time.perf_counter())
-            return _Parked(job, reads, inline, below, time.monotonic() + wait_s, wait_s)
-        raise BadRequest(
-            "unknown_command",
-            f"field 'cmd': unknown command {cmd[:64]!r} (hello, act, end_episode)",
-        )
-
-    def _try(self, act: _Parked) -> bool:
-        """Dispatch `act` if the store holds its window, answer it if some step will never
-        come or its wait is over, else park it. True when it left the parked list."""
-        job = act.job
-        look = self.store.lookup(job.episode, job.steps or [], act.reads, act.inline)
-        if look.observations is not None:
-            job.observations = look.observations
-            self.jobs.put_nowait(job)
-            if act.release_below is not None:
-                self.store.release(job.episode, act.release_below)
+def _await_first_copy(pool: Pool, sock: zmq.Socket, stop: threading.Event) -> bool:
+    """Wait until a copy is ready (True), `stop` is set (False), or the first copy failed
+    to start (PolicyLoadError with its reason)."""
+    while not stop.is_set():
+        if pool.copies.fatal is not None:
+            raise PolicyLoadError(pool.copies.fatal)
+        if pool.copies.ready_message is not None:
             return True
-        expired = time.monotonic() >= act.deadline
-        if look.lost or expired:
-            missing = [[s, k, reason] for s, k, reason in look.lost]
-            late = f"not arrived within {act.wait_s:g} s" if expired else "not arrived yet"
-            missing += [[s, k, late] for s, k in look.waiting]
-            text = ", ".join(f"step {s} {k!r} ({why})" for s, k, why in missing[:8])
-            more = f" (+{len(missing) - 8} more)" if len(missing) > 8 else ""
-            reply_error(
-                self.router,
-                job.route,
-                job.rid,
-                "missing_steps",
-                f"act at step {job.step} of episode {job.episode!r}: missing {text}"
-                f"{more}; send them inline",
-                {"missing": missing},
-            )
-            return True
-        if act not in self.parked:
-            if len(self.parked) >= MAX_QUEUED:
-                raise queue.Full
-            self.parked.append(act)
-        return False
+        poller = zmq.Poller()
+        poller.register(sock, zmq.POLLIN)
+        for fd in pool.copies.fds():
+            poller.register(fd, zmq.POLLIN)
+        if sock in dict(poller.poll(_POLL_MS)):
+            for frames in _recv_all(sock):
+                pool.on_message(frames)
+        pool.copies.check(time.monotonic())
+    return False
 
-    def _recheck(self, episode: str) -> None:
-        for act in [p for p in self.parked if p.job.episode == episode]:
-            try:
-                left = self._try(act)
-            except queue.Full:
-                reply_error(
-                    self.router,
-                    act.job.route,
-                    act.job.rid,
-                    "busy",
-                    f"{MAX_QUEUED} requests already wait for the policy",
-                )
-                left = True
-            if left:
-                self.parked.remove(act)
 
-    def _expire(self) -> None:
-        now = time.monotonic()
-        for episode in {p.job.episode for p in self.parked if p.deadline <= now}:
-            self._recheck(episode)
-
-    def _end(self, episode: str) -> None:
-        """end_episode: free the episode's frames; its parked acts can never complete."""
-        self.store.drop(episode)
-        for act in [p for p in self.parked if p.job.episode == episode]:
-            self.parked.remove(act)
-            reply_error(
-                self.router,
-                act.job.route,
-                act.job.rid,
-                "episode_ended",
-                f"episode {episode!r} ended while the act at step {act.job.step} "
-                "waited for its steps",
-            )
-
-    # ---- the observe socket -----------------------------------------------------------------
-
-    def _handle_observe(self, sock: zmq.Socket, frames: list[bytes]) -> str | None:
-        """Keep one upload (post) or skip declaration and acknowledge it; returns the episode
-        it touched (its parked acts are looked at again)."""
-        route, body = frames[:-1], frames[-1]
-        rid = None
-        if len(route) != 1:
-            reply_error(
-                sock,
-                frames[:1],
-                None,
-                "bad_request",
-                f"upload must be one frame, got {len(frames) - 1}",
-            )
-            return None
-        try:
-            msg = wire.unpackb(body)
-            rid = request_id(msg)
-            result = self._observe(msg, route[0], len(body))
-        except BadRequest as err:
-            reply_error(sock, route, rid, err.code, str(err))
-            return None
-        except wire.WireError as err:
-            reply_error(sock, route, None, "bad_request", f"upload is not msgpack: {err}")
-            return None
-        send(sock, route, {"id": rid, "ok": True, "result": result})
-        return result["episode"]
-
-    def _observe(self, msg: dict[str, Any], owner: bytes, size: int) -> dict[str, Any]:
+def _handle_observe(store: FrameStore, sock: zmq.Socket, frames: list[bytes]) -> str | None:
+    """Keep one upload (post) or skip declaration and acknowledge it; returns the episode
+    it touched (its parked acts are looked at again)."""
+    route, body = frames[:-1], frames[-1]
+    rid = None
+    if len(route) != 1:
+        text = f"upload must be one frame, got {len(frames) - 1}"
+        _send(sock, frames[:1], {"id": None, "ok": False, "error": _err("bad_request", text)})
+        return None
+    try:
+        msg = wire.unpackb(body)
+        rid = request_id(msg)
         up = upload_fields(msg)
-        result: dict[str, Any] = {"episode": up.episode, "step": up.step, "refused": None}
-        if up.cmd == "post":
-            through, refusal = self.store.post(owner, up.episode, up.step, up.values, size)
-        else:
-            through, refusal = self.store.skip(owner, up.episode, up.step, up.keys, up.reason)
-        if refusal is not None:
-            log.warning("upload refused: %s", refusal.message)
-            result["refused"] = {"code": refusal.code, "message": refusal.message}
-        result["through"] = through
-        return result
+    except BadRequest as err:
+        _send(sock, route, {"id": rid, "ok": False, "error": _err(err.code, str(err))})
+        return None
+    except wire.WireError as err:
+        text = f"upload is not msgpack: {err}"
+        _send(sock, route, {"id": None, "ok": False, "error": _err("bad_request", text)})
+        return None
+    result: dict[str, Any] = {"episode": up.episode, "step": up.step, "refused": None}
+    if up.cmd == "post":
+        through, refusal = store.post(route[0], up.episode, up.step, up.values, len(body))
+    else:
+        through, refusal = store.skip(route[0], up.episode, up.step, up.keys, up.reason)
+    if refusal is not None:
+        log.warning("upload refused: %s", refusal.message)
+        result["refused"] = {"code": refusal.code, "message": refusal.message}
+    result["through"] = through
+    _send(sock, route, {"id": rid, "ok": True, "result": result})
+    return up.episode
 
 
-def _recv_all(sock: zmq.Socket) -> list[list[bytes]]:
+def _err(code: str, message: str) -> dict[str, str]:
+    log.debug("error reply %s: %s", code, message)
+    return {"code": code, "message": message}
+
+
+def _send(sock: zmq.Socket, route: list[bytes], reply: dict[str, Any]) -> None:
+    sock.send_multipart([*route, wire.packb(reply)])
+
+
+def _recv_all(sock: zmq.Socket, copy: bool = True) -> list[list[Any]]:
     """Every message waiting on `sock`, without blocking."""
     out = []
     while True:
         try:
-            out.append(sock.recv_multipart(zmq.NOBLOCK))
+            out.append(sock.recv_multipart(zmq.NOBLOCK, copy=copy))
         except zmq.Again:
             return out
-
-
-def _drain_one(done: zmq.Socket, router: zmq.Socket) -> bool:
-    """Forward one reply from the policy thread to its client; False when none is waiting."""
-    try:
-        frames = done.recv_multipart(zmq.NOBLOCK)
-    except zmq.Again:
-        return False
-    router.send_multipart(frames)
-    return True

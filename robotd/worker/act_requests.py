@@ -1,0 +1,212 @@
+"""The worker's act socket: each request parsed and answered at once (hello, ping, params,
+malformed ones), handed to the copies (act, end_episode), or parked until the uploads it
+reads have arrived (docs/protocol.md)."""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import zmq
+
+from robotd import wire
+from robotd.worker.params import ParamError, params_to_wire
+from robotd.worker.pool import MAX_QUEUED, Busy, Pool
+from robotd.worker.requests import (
+    BadRequest,
+    act_fields,
+    episode_field,
+    named_act_fields,
+    optional_episode,
+    request_id,
+)
+from robotd.worker.slots import Task, error
+from robotd.worker.store import FrameStore
+
+log = logging.getLogger("robotd.worker")
+
+COMMANDS = "hello, act, end_episode, ping, params"
+
+
+@dataclass(slots=True)
+class Parked:
+    """An act naming steps the store does not hold yet."""
+
+    task: Task
+    reads: list[list[str]]
+    inline: dict[int, dict[str, Any]]
+    release_below: int | None
+    deadline: float
+    wait_s: float = 0.0
+
+
+class ActRequests:
+    """Answers the act socket `router`; `hello(observe)` makes the hello result and
+    `health(episode)` the ping result."""
+
+    def __init__(
+        self,
+        router: zmq.Socket,
+        pool: Pool,
+        store: FrameStore,
+        windowed: bool,
+        stream_wait_s: float,
+        hello: Callable[[bool], dict[str, Any]],
+        health: Callable[[str | None], dict[str, Any]],
+    ) -> None:
+        self.router, self.pool, self.store = router, pool, store
+        self.windowed, self.stream_wait_s = windowed, stream_wait_s
+        self.hello, self.health = hello, health
+        self.parked: list[Parked] = []
+
+    def send(self, route: list[bytes], reply: dict[str, Any]) -> None:
+        try:
+            data = wire.packb(reply)
+        except wire.WireError as err:  # a copy's answer that does not travel
+            data = wire.packb(error(reply.get("id"), "internal", f"cannot send the answer: {err}"))
+        self.router.send_multipart([*route, data])
+
+    def handle(self, frames: list[bytes]) -> None:
+        """Answer, queue or park one request; every failure becomes an error reply."""
+        route, body = frames[:-1], frames[-1]
+        if len(route) not in (1, 2) or (len(route) == 2 and route[1] != b""):
+            text = f"request must be one frame, got {len(frames) - 1}"
+            self.send(frames[:1], error(None, "bad_request", text))
+            return
+        rid = None
+        try:
+            msg = wire.unpackb(body)
+            rid = request_id(msg)
+            result = self._parse(msg, route, rid)
+            if isinstance(result, Task):
+                self.pool.submit(result)
+            elif isinstance(result, Parked):
+                self.try_parked(result)
+            elif result is not None:  # answered without the copies
+                self.send(route, {"id": rid, "ok": True, "result": result})
+        except BadRequest as err:
+            self.send(route, error(rid, err.code, str(err), **err.extra))
+        except wire.WireError as err:
+            self.send(route, error(None, "bad_request", f"request is not msgpack: {err}"))
+        except Busy:
+            self.send(route, error(rid, "busy", f"{MAX_QUEUED} requests already wait"))
+
+    def _parse(
+        self, msg: dict[str, Any], route: list[bytes], rid: int
+    ) -> Task | Parked | dict[str, Any] | None:
+        cmd = msg.get("cmd")
+        if not isinstance(cmd, str):
+            raise BadRequest("bad_request", f"field 'cmd': missing or not a string ({cmd!r})")
+        if cmd == "hello":
+            return self.hello(msg.get("observe") is True)
+        if cmd == "ping":
+            return self.health(optional_episode(msg))
+        if cmd == "params":
+            return self._params(msg)
+        if cmd == "end_episode":
+            episode = episode_field(msg)
+            self._end(episode)
+            return Task("end", route, rid, episode)
+        if cmd == "act":
+            return self._act(msg, route, rid)
+        raise BadRequest(
+            "unknown_command", f"field 'cmd': unknown command {cmd[:64]!r} ({COMMANDS})"
+        )
+
+    def _act(self, msg: dict[str, Any], route: list[bytes], rid: int) -> Task | Parked:
+        episode = episode_field(msg)
+        if "reads" not in msg:  # observations inline, as sent before uploads existed
+            step, steps, observations = act_fields(msg, self.windowed)
+            return Task("act", route, rid, episode, step, steps, observations)
+        step, steps, reads, inline, below, wait_s = named_act_fields(
+            msg, self.windowed, self.stream_wait_s
+        )
+        task = Task("act", route, rid, episode, step, steps)
+        if episode in self.pool.lost:
+            return task  # answered at once: no use waiting for its uploads
+        return Parked(task, reads, inline, below, time.monotonic() + wait_s, wait_s)
+
+    def _params(self, msg: dict[str, Any]) -> dict[str, Any]:
+        values = self.pool.params_next
+        if "set" in msg:
+            try:
+                values = self.pool.set_params(msg["set"])
+            except ParamError as err:
+                raise BadRequest("bad_params", str(err)) from None
+            log.info("params for the next episodes: %s", values)
+        return {
+            "params": params_to_wire(self.pool.copies.declared, values),
+            "applies": "next_episode",
+        }
+
+    # ---- acts waiting for their uploads ----------------------------------------------------
+
+    def poll_ms(self, longest: int) -> int:
+        if not self.parked:
+            return longest
+        left = min(p.deadline for p in self.parked) - time.monotonic()
+        return max(0, min(longest, int(left * 1e3) + 1))
+
+    def try_parked(self, act: Parked) -> bool:
+        """Hand `act` to the copies if the store holds its window, answer it if some step will
+        never come or its wait is over, else park it. True when it left the parked list."""
+        task = act.task
+        look = self.store.lookup(task.episode, task.steps or [], act.reads, act.inline)
+        if look.observations is not None:
+            task.observations = look.observations
+            self.pool.submit(task)
+            if act.release_below is not None:
+                self.store.release(task.episode, act.release_below)
+            return True
+        expired = time.monotonic() >= act.deadline
+        if look.lost or expired:
+            missing = [[s, k, reason] for s, k, reason in look.lost]
+            late = f"not arrived within {act.wait_s:g} s" if expired else "not arrived yet"
+            missing += [[s, k, late] for s, k in look.waiting]
+            text = ", ".join(f"step {s} {k!r} ({why})" for s, k, why in missing[:8])
+            more = f" (+{len(missing) - 8} more)" if len(missing) > 8 else ""
+            message = (
+                f"act at step {task.step} of episode {task.episode!r}: missing {text}"
+                f"{more}; send them inline"
+            )
+            self.send(task.route, error(task.rid, "missing_steps", message, missing=missing))
+            return True
+        if act not in self.parked:
+            if len(self.parked) + self.pool.queued() >= MAX_QUEUED:
+                raise Busy
+            self.parked.append(act)
+        return False
+
+    def recheck(self, episode: str) -> None:
+        for act in [p for p in self.parked if p.task.episode == episode]:
+            try:
+                left = self.try_parked(act)
+            except Busy:
+                task = act.task
+                self.send(task.route, error(task.rid, "busy", f"{MAX_QUEUED} requests wait"))
+                left = True
+            if left:
+                self.parked.remove(act)
+
+    def expire(self) -> None:
+        """Answer the parked acts whose wait is over, or whose episode was lost meanwhile."""
+        for act in [p for p in self.parked if p.task.episode in self.pool.lost]:
+            self.parked.remove(act)
+            self.pool.submit(act.task)  # answered episode_lost at once
+        now = time.monotonic()
+        for episode in {p.task.episode for p in self.parked if p.deadline <= now}:
+            self.recheck(episode)
+
+    def _end(self, episode: str) -> None:
+        """end_episode: free the episode's frames; its parked acts can never complete."""
+        self.store.drop(episode)
+        for act in [p for p in self.parked if p.task.episode == episode]:
+            self.parked.remove(act)
+            task = act.task
+            message = (
+                f"episode {episode!r} ended while the act at step {task.step} waited for its steps"
+            )
+            self.send(task.route, error(task.rid, "episode_ended", message))

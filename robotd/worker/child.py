@@ -1,0 +1,170 @@
+"""A copy of the policy: its own process (`python -m robotd.worker.child`), or, with
+`--copies 0`, a thread of the worker. It builds the policy, says it is ready, then answers
+the jobs the worker's main process sends it (robotd.worker.pipe frames), one at a time.
+
+The messages (maps; `k` says which):
+- main -> copy: `init {spec, kwargs, path}` (a process copy, after its `boot`), `act {seq,
+  episode, step, steps, observations, params}`, `end {seq, episode}`, `stop`.
+- copy -> main: `boot`, `ready {pid, policy, contract, params}`, `failed {error}` (the policy
+  cannot be built; the copy exits), `done {seq, ok, result | error}`, `lost {seq, message}`
+  (a MemoryError: the copy reports it and exits with EXIT_MEMORY, since a policy that ran
+  out of memory mid-call is in no known state).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import logging
+import os
+import resource
+import signal
+import sys
+import time
+from collections.abc import Mapping
+from typing import Any
+
+import zmq
+
+from robotd import wire
+from robotd.worker import pipe
+from robotd.worker.params import params_to_wire
+from robotd.worker.policy_host import PolicyCallError, PolicyHost, PolicyLoadError
+
+log = logging.getLogger("robotd.worker.copy")
+
+EXIT_LOAD = 2  # the policy cannot be built
+EXIT_MEMORY = 99  # a MemoryError in a policy call (reported first, if it could be)
+OOM_SCORE_RAISE = 500  # the kernel's OOM killer takes a copy before the worker itself
+
+
+def serve_copy(sock: zmq.Socket, spec: str, kwargs: Mapping[str, Any]) -> int:
+    """Build the policy and answer jobs on `sock` until `stop`; returns the exit code."""
+    try:
+        host = PolicyHost(spec, kwargs)
+    except PolicyLoadError as err:
+        _send(sock, {"k": "failed", "error": str(err)})
+        return EXIT_LOAD
+    except MemoryError as err:
+        _send(sock, {"k": "failed", "error": f"out of memory building the policy: {err}"})
+        return EXIT_MEMORY
+    _send(
+        sock,
+        {
+            "k": "ready",
+            "pid": os.getpid(),
+            "policy": spec,
+            "contract": {
+                "observations": host.observations.to_wire() if host.observations else None,
+                "actions": host.actions.to_wire() if host.actions else None,
+            },
+            "params": params_to_wire(host.params, {}),
+        },
+    )
+    while True:
+        frames = sock.recv_multipart(copy=False)
+        try:
+            msg = pipe.unpack([f.buffer for f in frames])
+        except wire.WireError as err:  # only the worker itself talks to us: its bug
+            log.error("copy: dropped a malformed job: %s", err)
+            continue
+        if not isinstance(msg, dict) or msg.get("k") == "stop":
+            return 0
+        try:
+            reply = _job(host, msg)
+        except MemoryError as err:
+            with contextlib.suppress(BaseException):
+                _send(sock, {"k": "lost", "seq": msg.get("seq"), "message": _memory_text(err)})
+            return EXIT_MEMORY
+        try:
+            _send(sock, reply)
+        except wire.WireError as err:
+            _send(sock, _error(msg.get("seq"), "internal", f"cannot send the answer: {err}"))
+
+
+def _job(host: PolicyHost, msg: dict[str, Any]) -> dict[str, Any]:
+    seq = msg.get("seq")
+    try:
+        if msg.get("k") == "end":
+            host.end_episode(msg["episode"])
+            return {"k": "done", "seq": seq, "ok": True, "result": {}}
+        started = time.perf_counter()
+        episode = host.begin(msg["episode"], msg.get("params") or {})
+        inputs = host.inputs(msg["steps"], msg["observations"])
+        begun = time.perf_counter()
+        rows = host.infer(inputs, msg["episode"])
+        done = time.perf_counter()
+    except PolicyCallError as err:
+        return _error(seq, err.code, str(err))
+    except MemoryError:
+        raise
+    except Exception as err:  # a worker bug: answered, and the copy goes on
+        log.exception("copy: internal error")
+        return _error(seq, "internal", f"{type(err).__name__}: {err}")
+    timing = {"infer_ms": (done - begun) * 1e3, "begin_ms": (begun - started) * 1e3}
+    result = {"actions": rows, "timing": timing, "answered": episode.steps}
+    return {"k": "done", "seq": seq, "ok": True, "result": result}
+
+
+def _error(seq: Any, code: str, message: str) -> dict[str, Any]:
+    return {"k": "done", "seq": seq, "ok": False, "error": {"code": code, "message": message}}
+
+
+def _memory_text(err: MemoryError) -> str:
+    text = str(err) or "no message"
+    return f"out of memory: MemoryError in a policy call ({text[:200]})"
+
+
+def _send(sock: zmq.Socket, msg: dict[str, Any]) -> None:
+    sock.send(wire.packb(msg))
+
+
+def _prepare_process(memory_bytes: int) -> None:
+    """What a copy process does before it loads anything: stay out of the terminal's Ctrl-C
+    (the worker stops its copies), volunteer to the OOM killer, cap its address space."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    with contextlib.suppress(OSError, ValueError), open("/proc/self/oom_score_adj", "r+") as f:
+        score = int(f.read().strip() or 0)
+        f.seek(0)
+        f.write(str(min(1000, score + OOM_SCORE_RAISE)))
+    if memory_bytes > 0:
+        resource.setrlimit(resource.RLIMIT_AS, (memory_bytes, memory_bytes))
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`python -m robotd.worker.child ENDPOINT IDENTITY [--memory-bytes N]`."""
+    from robotd.runtime.procutil import die_with_parent
+
+    p = argparse.ArgumentParser(prog="robotd-copy")
+    p.add_argument("endpoint")
+    p.add_argument("identity")
+    p.add_argument("--memory-bytes", type=int, default=0)
+    args = p.parse_args(argv)
+    die_with_parent()
+    logging.basicConfig(
+        level=logging.INFO,
+        format="%(asctime)s %(levelname)s robotd.worker copy %(process)d: %(message)s",
+        stream=sys.stderr,
+    )
+    try:
+        _prepare_process(args.memory_bytes)
+    except (OSError, ValueError) as err:
+        print(f"robotd copy: cannot cap memory at {args.memory_bytes}: {err}", file=sys.stderr)
+        return EXIT_LOAD
+    ctx = zmq.Context()
+    sock = ctx.socket(zmq.DEALER)
+    sock.setsockopt(zmq.LINGER, 2000)  # let the last answer (failed, lost) leave
+    sock.setsockopt(zmq.IDENTITY, args.identity.encode())
+    sock.connect(args.endpoint)
+    _send(sock, {"k": "boot"})
+    init = pipe.unpack([f.buffer for f in sock.recv_multipart(copy=False)])
+    sys.path[:0] = [p for p in init.get("path", []) if isinstance(p, str) and p not in sys.path]
+    try:
+        return serve_copy(sock, init["spec"], init.get("kwargs") or {})
+    finally:
+        sock.close()
+        ctx.term()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,237 @@
+"""The worker's copies of the policy as processes (or a thread): started, watched, replaced.
+
+`Copies` keeps `options.copies` copies running (one thread copy for `copies=0`). It finds a
+copy that ended (its pidfd, or its exit status), one that hangs (a call unanswered past its
+deadline: killed), one that never became ready (killed after start_s), samples each copy's
+memory, and starts a new copy for each one gone, backing off (1 s doubling to 30 s) after a
+copy that could not start. What a lost copy means for its episode is the caller's
+(`CopyEvents`). Single-threaded: called from the worker's poll loop.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import time
+from typing import Any, Protocol
+
+import zmq
+
+from robotd.worker import pipe
+from robotd.worker.child import EXIT_MEMORY
+from robotd.worker.death import Loss, describe_exit, oom_kills
+from robotd.worker.params import Param, ParamError, param_from_wire
+from robotd.worker.runners import ProcessRunner, Runner, ThreadRunner
+from robotd.worker.slots import CopyOptions, Slot
+
+log = logging.getLogger("robotd.worker")
+
+SAMPLE_S = 0.25  # how often each copy's memory is read
+BACKOFF_MAX_S = 30.0  # between attempts to start a copy after one failed to start
+_SAME = ("policy", "contract", "params")  # what every copy must declare alike
+
+
+class CopyEvents(Protocol):
+    def copy_ready(self, slot: Slot) -> None:
+        """`slot` can take calls now."""
+
+    def copy_lost(self, slot: Slot, loss: Loss, now: float) -> None:
+        """`slot` (ready before) is gone and was dropped; answer what it held."""
+
+    def no_copy(self, why: str) -> None:
+        """A copy could not start and none is ready: nothing can serve for now."""
+
+
+class Copies:
+    """The copy processes of policy `spec` on the copies ROUTER `sock` (bound at
+    `endpoint`). `ready_message` is the first ready copy's `ready` (the contract);
+    `fatal` says why the first copy could not start (the worker cannot serve)."""
+
+    def __init__(
+        self,
+        spec: str,
+        kwargs: dict[str, Any],
+        options: CopyOptions,
+        sock: zmq.Socket,
+        endpoint: str,
+        events: CopyEvents,
+    ) -> None:
+        self.spec, self.kwargs, self.options = spec, kwargs, options
+        self.sock, self.endpoint, self.events = sock, endpoint, events
+        self.slots: dict[bytes, Slot] = {}
+        self.ready_message: dict[str, Any] | None = None
+        self.declared: dict[str, Param] = {}
+        self.fatal: str | None = None
+        self.last_start_error: str | None = None
+        self.counts = {"copies_started": 0, "copies_lost": 0, "start_failures": 0}
+        self.stopping = False
+        self._ids = itertools.count(1)
+        self._backoff_s = 0.0
+        self._backoff_until = 0.0
+        self._left: list[Runner] = []  # dropped runners not reaped yet
+
+    @property
+    def wanted(self) -> int:
+        return max(1, self.options.copies)
+
+    def start(self) -> None:
+        self._spawn_missing(time.monotonic())
+
+    def _spawn_missing(self, now: float) -> None:
+        while not self.stopping and len(self.slots) < self.wanted and now >= self._backoff_until:
+            n = next(self._ids)
+            identity = f"copy-{n}".encode()
+            runner: Runner
+            if self.options.copies == 0:
+                ctx = self.sock.context
+                runner = ThreadRunner(identity, ctx, self.endpoint, self.spec, self.kwargs)
+            else:
+                runner = ProcessRunner(
+                    identity, self.endpoint, self.spec, self.kwargs, self.options.memory_bytes
+                )
+            slot = Slot(n, identity, runner, now, oom_kills())
+            runner.start()
+            self.slots[identity] = slot
+            self.counts["copies_started"] += 1
+
+    def fds(self) -> list[int]:
+        """Descriptors readable when a copy ends (pidfds)."""
+        return [fd for s in self.slots.values() if (fd := s.runner.fileno()) is not None]
+
+    def next_check(self, now: float) -> float:
+        """Seconds until `check` has something to do (a hang, a start deadline, a retry)."""
+        times = [now + SAMPLE_S]
+        for slot in self.slots.values():
+            if slot.deadline is not None:
+                times.append(slot.deadline)
+            if slot.state == "starting":
+                times.append(slot.started + self.options.start_s)
+        if len(self.slots) < self.wanted:
+            times.append(self._backoff_until)
+        return max(0.0, min(times) - now)
+
+    def check(self, now: float) -> None:
+        """Find copies that ended, hung or never became ready; sample memory; start copies."""
+        for slot in list(self.slots.values()):
+            code = slot.runner.exited()
+            if code is not None:
+                pid = slot.runner.pid or 0
+                memory = slot.runner.memory()
+                loss = describe_exit(code, pid, memory, slot.oom_before, EXIT_MEMORY)
+                self.lose(slot, loss, now)
+            elif slot.deadline is not None and now >= slot.deadline:
+                slot.runner.kill()
+                task = slot.current
+                what = f"the act at step {task.step}" if task and task.kind == "act" else "end"
+                text = f"hung: no answer to {what} within {self.options.hang_s:g} s (killed)"
+                self.lose(slot, Loss("hung", text), now)
+            elif slot.state == "starting" and now - slot.started > self.options.start_s:
+                slot.runner.kill()
+                self._start_failed(slot, f"not ready within {self.options.start_s:g} s", now)
+            elif now >= slot.sample_at:
+                self.sample(slot, now)
+        for runner in [r for r in self._left if r.exited() is not None]:
+            runner.close()
+            self._left.remove(runner)
+        self._spawn_missing(now)
+
+    def sample(self, slot: Slot, now: float) -> None:
+        slot.runner.sample()
+        slot.sample_at = now + SAMPLE_S
+
+    def lose(self, slot: Slot, loss: Loss, now: float) -> None:
+        """`slot` stopped: a start that failed, or a lost copy (told to the events)."""
+        if slot.identity not in self.slots:
+            return
+        if slot.state == "starting":
+            self._start_failed(slot, loss.message, now)
+            return
+        self._drop(slot)
+        self.counts["copies_lost"] += 1
+        self.events.copy_lost(slot, loss, now)
+        self._spawn_missing(now)
+
+    def _drop(self, slot: Slot) -> None:
+        self.slots.pop(slot.identity, None)
+        slot.runner.kill()
+        self._left.append(slot.runner)
+
+    def _start_failed(self, slot: Slot, why: str, now: float) -> None:
+        self._drop(slot)
+        text = f"copy {slot.id} (pid {slot.runner.pid}) could not start: {why}"
+        self.counts["start_failures"] += 1
+        self.last_start_error = text
+        if self.ready_message is None:
+            self.fatal = why
+            return
+        self._backoff_s = min(BACKOFF_MAX_S, max(1.0, 2 * self._backoff_s))
+        self._backoff_until = now + self._backoff_s
+        log.error("%s; trying again in %g s", text, self._backoff_s)
+        if not any(s.state == "ready" for s in self.slots.values()):
+            self.events.no_copy(text)
+
+    def on_control(self, slot: Slot, kind: str, msg: dict[str, Any], now: float) -> None:
+        """A copy's `boot`, `ready` or `failed`."""
+        if kind == "boot":
+            init = slot.runner.init_frames()
+            if init is not None:
+                self.sock.send_multipart([slot.identity, *init], copy=False)
+        elif kind == "failed" and slot.state == "starting":
+            self._start_failed(slot, str(msg.get("error"))[:2000], now)
+        elif kind == "ready" and slot.state == "starting":
+            problem = self._adopt(msg)
+            if problem is not None:
+                self._start_failed(slot, problem, now)
+                return
+            slot.state, slot.ready_at, slot.last_used = "ready", now, now
+            self._backoff_s = 0.0
+            self.sample(slot, now)
+            log.info(
+                "copy %d (pid %s) ready in %.2f s", slot.id, slot.runner.pid, now - slot.started
+            )
+            self.events.copy_ready(slot)
+
+    def _adopt(self, msg: dict[str, Any]) -> str | None:
+        """Take the first copy's contract and parameters; later copies must say the same."""
+        if self.ready_message is not None:
+            if any(msg.get(k) != self.ready_message[k] for k in _SAME):
+                return "it declared another contract or parameters than the first copy"
+            return None
+        try:
+            declared = [param_from_wire(p) for p in msg.get("params") or []]
+        except ParamError as err:
+            return f"bad parameter declaration: {err}"
+        self.declared = {p.name: p for p in declared}
+        self.ready_message = {k: msg.get(k) for k in _SAME}
+        return None
+
+    def send(self, slot: Slot, frames: list[Any]) -> None:
+        """A call to `slot`: sent now, to be answered within hang_s."""
+        assert slot.current is not None
+        self.sock.send_multipart([slot.identity, *frames], copy=False)
+        slot.current.sent = time.perf_counter()
+        slot.deadline = time.monotonic() + self.options.hang_s
+
+    def stop(self, grace_s: float = 2.0) -> None:
+        """End every copy: SIGTERM (a thread: `stop`), then SIGKILL after `grace_s`."""
+        self.stopping = True
+        runners = [s.runner for s in self.slots.values()] + self._left
+        waited = [r for r in runners if not isinstance(r, ThreadRunner) or r in self._live()]
+        for slot in self.slots.values():
+            if isinstance(slot.runner, ThreadRunner):
+                self.sock.send_multipart([slot.identity, *pipe.pack({"k": "stop"})])
+            slot.runner.terminate()
+        deadline = time.monotonic() + grace_s
+        while time.monotonic() < deadline and any(r.exited() is None for r in waited):
+            time.sleep(0.01)  # shutting down: a short bounded wait for the copies to go
+        for runner in runners:
+            runner.close()
+        self._left = [r for r in runners if isinstance(r, ThreadRunner) and r.alive]
+        self.slots.clear()
+
+    def _live(self) -> list[Runner]:
+        return [s.runner for s in self.slots.values()]
+
+    def threads_left(self) -> bool:
+        """A thread copy is still running (hung): the zmq context cannot be terminated."""
+        return any(isinstance(r, ThreadRunner) and r.alive for r in self._left)

@@ -1,0 +1,191 @@
+"""How a copy of the policy runs: a child process (isolated: a crash, an out-of-memory kill
+or a hang cannot take the worker with it), or a thread of the worker (`--copies 0`: no
+isolation, for debugging and tests that look into the policy in process).
+
+Both connect a DEALER, with the identity they are given, to the worker's copies ROUTER and
+run robotd.worker.child.serve_copy on it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+import threading
+from collections.abc import Mapping
+from typing import Any, Protocol
+
+import zmq
+
+from robotd.runtime.procutil import PARENT_ENV
+from robotd.worker import pipe
+from robotd.worker.child import serve_copy
+from robotd.worker.death import Memory, read_memory
+
+
+class Runner(Protocol):
+    """One copy's process or thread."""
+
+    pid: int | None  # the process id (the worker's own for a thread)
+
+    def start(self) -> None:
+        """Start it; it connects and says `boot` (a process) or `ready` (a thread)."""
+
+    def init_frames(self) -> list[pipe.Buffer] | None:
+        """The `init` message to answer its `boot` with (None: a thread needs none)."""
+
+    def fileno(self) -> int | None:
+        """A descriptor readable once it has ended (a pidfd), or None: poll `exited`."""
+
+    def exited(self) -> int | None:
+        """Its exit status once it has ended (as Popen.returncode: -N for signal N)."""
+
+    def kill(self) -> None:
+        """End it now (SIGKILL); a thread cannot be killed and is left behind."""
+
+    def terminate(self) -> None:
+        """Ask it to end (SIGTERM); `exited` tells when it has."""
+
+    def memory(self) -> Memory:
+        """Its memory as last sampled by `sample`."""
+
+    def sample(self) -> None:
+        """Read its memory use now (cheap: /proc)."""
+
+    def close(self) -> None:
+        """Release what it holds once it has ended (reap the process, close the pidfd)."""
+
+
+class ProcessRunner:
+    """A copy in its own process: `python -m robotd.worker.child ENDPOINT IDENTITY`."""
+
+    def __init__(
+        self,
+        identity: bytes,
+        endpoint: str,
+        spec: str,
+        kwargs: Mapping[str, Any],
+        memory_bytes: int = 0,
+    ) -> None:
+        self.identity = identity
+        self.endpoint = endpoint
+        self.spec = spec
+        self.kwargs = dict(kwargs)
+        self.memory_bytes = memory_bytes
+        self.pid: int | None = None
+        self._proc: subprocess.Popen[bytes] | None = None
+        self._pidfd: int | None = None
+        self._memory = Memory()
+
+    def start(self) -> None:
+        argv = [sys.executable, "-m", "robotd.worker.child", self.endpoint]
+        argv += [self.identity.decode(), "--memory-bytes", str(self.memory_bytes)]
+        env = {**os.environ, PARENT_ENV: str(os.getpid())}
+        self._proc = subprocess.Popen(argv, env=env, stdin=subprocess.DEVNULL, close_fds=True)
+        self.pid = self._proc.pid
+        with contextlib.suppress(AttributeError, OSError):
+            self._pidfd = os.pidfd_open(self.pid)
+
+    def init_frames(self) -> list[pipe.Buffer] | None:
+        return pipe.pack(
+            {"k": "init", "spec": self.spec, "kwargs": self.kwargs, "path": list(sys.path)}
+        )
+
+    def fileno(self) -> int | None:
+        return self._pidfd
+
+    def exited(self) -> int | None:
+        return self._proc.poll() if self._proc is not None else None
+
+    def kill(self) -> None:
+        self._signal(signal.SIGKILL)
+
+    def terminate(self) -> None:
+        self._signal(signal.SIGTERM)
+
+    def _signal(self, signum: int) -> None:
+        if self._proc is not None and self._proc.returncode is None:
+            with contextlib.suppress(ProcessLookupError):
+                self._proc.send_signal(signum)
+
+    def memory(self) -> Memory:
+        return self._memory
+
+    def sample(self) -> None:
+        if self.pid is not None and self.exited() is None:
+            read_memory(self.pid, self._memory)
+
+    def close(self) -> None:
+        if self._proc is not None and self._proc.poll() is None:
+            self._proc.kill()
+            self._proc.wait()
+        if self._pidfd is not None:
+            os.close(self._pidfd)
+            self._pidfd = None
+
+
+class ThreadRunner:
+    """A copy in a thread of the worker, on an inproc endpoint of the worker's context."""
+
+    def __init__(
+        self, identity: bytes, ctx: zmq.Context, endpoint: str, spec: str, kwargs: Mapping
+    ) -> None:
+        self.identity = identity
+        self.pid: int | None = os.getpid()
+        self._ctx, self._endpoint = ctx, endpoint
+        self._spec, self._kwargs = spec, dict(kwargs)
+        self._code: int | None = None
+        self._thread = threading.Thread(target=self._run, name="robotd-copy", daemon=True)
+
+    def _run(self) -> None:
+        sock = self._ctx.socket(zmq.DEALER)
+        sock.setsockopt(zmq.LINGER, 0)
+        sock.setsockopt(zmq.IDENTITY, self.identity)
+        sock.connect(self._endpoint)
+        try:
+            self._code = serve_copy(sock, self._spec, self._kwargs)
+        except zmq.ContextTerminated:
+            self._code = 0
+        except BaseException:
+            self._code = 1
+            raise
+        finally:
+            sock.close(linger=0)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def init_frames(self) -> list[pipe.Buffer] | None:
+        return None
+
+    def fileno(self) -> int | None:
+        return None
+
+    def exited(self) -> int | None:
+        if self._thread.is_alive() or self._thread.ident is None:
+            return None
+        return self._code if self._code is not None else 1
+
+    def kill(self) -> None:
+        pass  # a thread cannot be killed: a hung one is left behind (a daemon thread)
+
+    def terminate(self) -> None:
+        pass  # the pool sends it `stop`
+
+    @property
+    def alive(self) -> bool:
+        return self._thread.is_alive()
+
+    def join(self, timeout: float) -> None:
+        self._thread.join(timeout)
+
+    def memory(self) -> Memory:
+        return Memory()
+
+    def sample(self) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
