@@ -81,8 +81,9 @@ class ControlConfig(_Model):
     max_hold_steps: int = Field(300, ge=1)
     max_steps: int = Field(0, ge=0)  # 0 = no limit
     control_mode: Literal["absolute", "delta", "velocity"] = "absolute"
-    # a worker-side episode reset flushes the queue and holds, unless this lets it finish
-    finish_queue_on_reset: bool = False
+    # a worker-side episode reset: flush the queue and hold until the new episode's first
+    # chunk, or let the queued rows finish
+    on_reset: Literal["hold", "finish_chunk"] = "hold"
     stats_interval_s: float = Field(0.25, gt=0)
     # the main process gone: the lane holds in FAULT this long, then applies its e-stop
     # category and exits (a restarted daemon starts latched)
@@ -155,6 +156,13 @@ class PolicyConfig(_Model):
     stream_wait_s: float = Field(10.0, gt=0)
     # a chunk's rows, as answered and at the control rate; more is refused whole
     max_chunk_rows: int = Field(1024, ge=1, le=4096)
+    # no answer to the worker's heartbeat this long: gone (the robot holds, reconnect)
+    heartbeat_s: float = Field(2.0, gt=0, le=60)
+    reconnect_max_s: float = Field(5.0, gt=0, le=300)  # the reconnect backoff's cap
+    # the local worker (no policy.worker): copies of the policy in child processes (a
+    # second is a warm spare, ready at once when one is lost) and when a copy counts as hung
+    copies: int = Field(2, ge=0, le=16)
+    hang_s: float = Field(5.0, gt=0, le=600)
     # uploads one episode may hold on the worker (SPEC §4), lowered to the worker's own
     max_episode_frames: int = Field(1024, ge=1)
     max_episode_bytes: int = Field(64 << 20, ge=1)

@@ -22,8 +22,9 @@ from robotd.config import load_config
 from robotd.contract import Actions, Camera, Observations, Stream
 from robotd.link.act import ActLink
 from robotd.link.chunks import ChunkLimits
-from robotd.link.client import PROTOCOL, Handshake, PolicyClient
+from robotd.link.client import Handshake, PolicyClient
 from robotd.link.connect import make_uplink, warn_window_over_limit
+from robotd.link.replies import PROTOCOL
 from robotd.link.steps import TIMING_SAMPLE, LinkCounters, RingFrames, StepReader, StepRing
 from robotd.link.uplink import Uplink, UplinkLimits
 from robotd.link.windows import WindowPlanner

@@ -239,9 +239,7 @@ def test_rate_limiter_and_overrun_log() -> None:
     assert log.record(0, 3) == (1, 3)
     assert log.record(100, 1) is None
     assert log.record(200, 2) is None
-    assert log.pending() == (2, 3)
-    assert log.record(1_000_000_000, 5) == (3, 8)
-    assert log.pending() == (0, 0)
+    assert log.record(1_000_000_000, 5) == (3, 8)  # the quiet ones are reported with it
 
 
 def test_real_clock_smoke() -> None:

@@ -169,7 +169,7 @@ class Kernel:
             return
         self.counters.episode_resets += 1
         queue = self.playback.queue
-        keep = queue.peek().copy() if self.cfg.control.finish_queue_on_reset else None
+        keep = queue.peek().copy() if self.cfg.control.on_reset == "finish_chunk" else None
         old = self.wep
         flushed = self._new_worker_episode(keep_seam=True)
         if keep is not None and len(keep):

@@ -223,7 +223,3 @@ class OverrunLog:
         self._events = 0
         self._skipped = 0
         return report
-
-    def pending(self) -> tuple[int, int]:
-        """Overruns and skipped deadlines recorded but not yet reported (for a final flush)."""
-        return self._events, self._skipped

@@ -21,6 +21,7 @@ from robotd.contract import Actions
 from robotd.lane.messages import ActFailed, Ask, ChunkRows, Rows
 from robotd.link.chunks import ChunkLimits, ChunkRefused, prepare
 from robotd.link.client import ActResult, PolicyClient, PolicyError
+from robotd.link.replies import episode_lost
 from robotd.link.steps import FrameLost, LinkCounters, StepReader
 from robotd.link.windows import Window, WindowPlanner, assemble
 
@@ -64,6 +65,7 @@ class ActLink:
         uplink: Uplink | None = None,
         stream_wait_s: float = 10.0,
         counters: LinkCounters | None = None,
+        on_lost: Callable[[str, str], None] | None = None,
     ) -> None:
         self.client = client
         self.planner = planner
@@ -75,6 +77,8 @@ class ActLink:
         self.uplink = uplink
         self.stream_wait_s = stream_wait_s
         self.counters = counters or LinkCounters()
+        # (episode, cause): the worker's copy of the policy holding the episode is gone
+        self.on_lost = on_lost
         self._prev_act: dict[str, int] = {}
 
     def begin(self, ask: Ask) -> _Ask | None:
@@ -118,6 +122,11 @@ class ActLink:
         except FrameLost as exc:
             reason = f"window incomplete: {exc}"
         except PolicyError as exc:
+            lost = episode_lost(exc)
+            if lost is not None and self.on_lost is not None:
+                self._settle(a, True)
+                self.on_lost(a.wep, lost)  # the session resets the episode: no act_failed
+                return
             handed = exc.code in _DISPATCHED
             reason = f"act failed: PolicyError: {exc}"
         except (TimeoutError, OSError) as exc:

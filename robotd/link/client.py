@@ -14,86 +14,29 @@ from __future__ import annotations
 import itertools
 import logging
 import time
-from collections.abc import Collection, Mapping
+from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
 
 import anyio
-import numpy as np
 import zmq
 import zmq.asyncio
 
 from robotd import wire
-from robotd.contract import Actions, ContractError, Observations
+from robotd.link.replies import (
+    ActResult,
+    Handshake,
+    PolicyError,
+    parse_act_result,
+    parse_handshake,
+    unwrap,
+)
 
 log = logging.getLogger("robotd.link")
 
-PROTOCOL = 1
-MAX_MISSING = 1 << 16  # (step, key) pairs a missing_steps reply may name
+__all__ = ["ActResult", "Handshake", "PolicyClient", "PolicyError"]
 
-
-class PolicyError(Exception):
-    """The worker refused a request (`code` from its reply) or broke the protocol
-    (`code` "bad_reply"). `detail` holds the error's other fields (e.g. `missing`)."""
-
-    def __init__(self, code: str, message: str, detail: dict[str, Any] | None = None) -> None:
-        super().__init__(f"{code}: {message}")
-        self.code = code
-        self.message = message
-        self.detail = detail or {}
-
-    def missing(
-        self, window: Mapping[int, Collection[str]] | None = None
-    ) -> list[tuple[int, str, str]]:
-        """For code "missing_steps": the (step, key, reason) triples the worker named.
-        `window`: recorded step -> keys the act reads; a pair outside it is refused.
-        PolicyError "bad_reply" naming the entry if the list is malformed."""
-        given = self.detail.get("missing", [])
-        if not isinstance(given, list) or len(given) > MAX_MISSING:
-            raise _bad("act", f"field 'error.missing': not a list of at most {MAX_MISSING}")
-        out = []
-        for item in given:
-            ok = (
-                isinstance(item, list)
-                and len(item) == 3
-                and type(item[0]) is int
-                and item[0] >= 0
-                and isinstance(item[1], str)
-                and isinstance(item[2], str)
-            )
-            if not ok:
-                raise _bad("act", f"field 'error.missing': bad entry {item!r:.100}")
-            if window is not None and item[1] not in window.get(item[0], ()):
-                raise _bad(
-                    "act",
-                    f"field 'error.missing': step {item[0]} key {item[1][:64]!r} is not in "
-                    "the act's window",
-                )
-            out.append((item[0], item[1], item[2][:500]))
-        return out
-
-
-@dataclass(slots=True)
-class Handshake:
-    """What the worker said at connect."""
-
-    observations: Observations | None
-    actions: Actions | None
-    endpoints: dict[str, str | None]
-    policy: str
-    limits: dict[str, int] | None = None  # the worker's frame store limits, if it says
-
-
-@dataclass(slots=True)
-class ActResult:
-    """A chunk: row i of `actions` (float64, H x D) is meant for step `step + i`."""
-
-    actions: np.ndarray
-    step: int
-    episode: str
-    infer_ms: float
-    rtt_ms: float
-    queue_ms: float = 0.0
+ABANDONED_KEPT = 256  # ids of requests given up (timed out), to tell a late reply from junk
 
 
 @dataclass(slots=True)
@@ -114,6 +57,9 @@ class PolicyClient:
     def __init__(self, endpoint: str, *, timeout_s: float = 10.0) -> None:
         self.endpoint = endpoint
         self.timeout_s = timeout_s
+        self.late_replies = 0  # replies to requests already given up (timed out): dropped
+        self.unknown_replies = 0  # replies naming no request this client made: dropped
+        self._abandoned: deque[int] = deque(maxlen=ABANDONED_KEPT)
         self._ctx: zmq.asyncio.Context | None = None
         self._sock: zmq.asyncio.Socket | None = None
         self._ids = itertools.count(1)
@@ -126,7 +72,6 @@ class PolicyClient:
         self._poll_scope: anyio.CancelScope | None = None
         self._send_scope: anyio.CancelScope | None = None
         self.bytes_sent = 0  # request bytes sent, for the benchmarks
-        self.last_request_bytes = 0
 
     async def connect(self, *, observe: bool = False) -> Handshake:
         """Connect and say hello; returns the worker's contract and endpoints. `observe`:
@@ -145,7 +90,7 @@ class PolicyClient:
             self._raw = zmq.Socket.shadow(sock.underlying)
         hello: dict[str, Any] = {"cmd": "hello", "observe": True} if observe else {"cmd": "hello"}
         result = await self._request(hello, self.timeout_s)
-        return _handshake(result)
+        return parse_handshake(result)
 
     async def act(
         self,
@@ -169,7 +114,7 @@ class PolicyClient:
             self.timeout_s if timeout_s is None else timeout_s,
         )
         rtt_ms = (time.perf_counter() - started) * 1e3
-        return _act_result(result, episode, step, rtt_ms)
+        return parse_act_result(result, episode, step, rtt_ms)
 
     async def act_steps(
         self,
@@ -204,7 +149,23 @@ class PolicyClient:
         started = time.perf_counter()
         result = await self._request(message, self.timeout_s if timeout_s is None else timeout_s)
         rtt_ms = (time.perf_counter() - started) * 1e3
-        return _act_result(result, episode, step, rtt_ms)
+        return parse_act_result(result, episode, step, rtt_ms)
+
+    async def ping(self, episode: str | None = None, *, timeout_s: float) -> dict[str, Any]:
+        """The worker's heartbeat (answered by its poll loop whatever the policy does); with
+        `episode`, its word on that episode too (robotd.link.replies.ping_episode)."""
+        message: dict[str, Any] = {"cmd": "ping"}
+        if episode:
+            message["episode"] = episode
+        return await self._request(message, timeout_s)
+
+    async def params(self, changes: dict[str, Any] | None = None) -> dict[str, Any]:
+        """Read (no changes) or set the policy's inference parameters; they apply from the
+        next episode on. PolicyError "bad_params" names what was refused."""
+        message: dict[str, Any] = {"cmd": "params"}
+        if changes:
+            message["set"] = changes
+        return await self._request(message, self.timeout_s)
 
     async def end_episode(self, episode: str) -> None:
         """Tell the worker the episode ended (it calls the policy's on_episode_end)."""
@@ -232,7 +193,6 @@ class PolicyClient:
         pending = self._pending[rid] = _Pending()
         data = wire.packb({"id": rid, **message})
         self.bytes_sent += len(data)
-        self.last_request_bytes = len(data)
         try:
             with anyio.fail_after(timeout_s):
                 async with self._send_lock:
@@ -244,11 +204,12 @@ class PolicyClient:
                                 self._send_scope = None
                 await self._await_reply(pending)
         finally:
-            self._pending.pop(rid, None)
+            if self._pending.pop(rid, None) is not None and not pending.done:
+                self._abandoned.append(rid)  # a reply may still come: it will be late
         if pending.error is not None:
             raise pending.error
         assert pending.reply is not None
-        return _unwrap(pending.reply, message["cmd"])
+        return unwrap(pending.reply, message["cmd"])
 
     async def _await_reply(self, pending: _Pending) -> None:
         while not pending.done:
@@ -293,11 +254,24 @@ class PolicyClient:
             return
         rid = reply.get("id") if isinstance(reply, dict) else None
         pending = self._pending.get(rid) if isinstance(rid, int) else None
-        if pending is None:  # a late reply to a request that timed out, or garbage
-            level = logging.WARNING if rid is None else logging.DEBUG
-            log.log(level, "dropped a reply with no waiting request (id %r): %.200r", rid, reply)
-            return
-        _settle(pending, reply=reply)
+        if pending is not None:
+            _settle(pending, reply=reply)
+        elif isinstance(rid, int) and rid in self._abandoned:
+            self.late_replies += 1
+            log.warning(
+                "dropped a late reply from %s: request %d had been given up (%d so far)",
+                self.endpoint,
+                rid,
+                self.late_replies,
+            )
+        else:
+            self.unknown_replies += 1
+            log.warning(
+                "dropped a reply from %s naming no request of ours (id %.40r; %d so far)",
+                self.endpoint,
+                rid,
+                self.unknown_replies,
+            )
 
 
 def _settle(
@@ -305,98 +279,3 @@ def _settle(
 ) -> None:
     pending.reply, pending.error, pending.done = reply, error, True
     pending.wake.set()
-
-
-def _bad(cmd: str, what: str) -> PolicyError:
-    return PolicyError("bad_reply", f"reply to {cmd}: {what}")
-
-
-def _unwrap(reply: dict[str, Any], cmd: str) -> dict[str, Any]:
-    """The result of a well-formed reply; PolicyError for an error or malformed reply."""
-    ok = reply.get("ok")
-    if ok is True:
-        result = reply.get("result")
-        if not isinstance(result, dict):
-            raise _bad(cmd, f"field 'result': not a map ({type(result).__name__})")
-        return result
-    if ok is not False:
-        raise _bad(cmd, f"field 'ok': not a boolean ({ok!r})")
-    error = reply.get("error")
-    if not isinstance(error, dict):
-        raise _bad(cmd, f"field 'error': not a map ({type(error).__name__})")
-    code, message = error.get("code"), error.get("message")
-    if not isinstance(code, str) or not isinstance(message, str):
-        raise _bad(cmd, f"field 'error': code and message must be strings ({error!r:.200})")
-    detail = {k: v for k, v in error.items() if k not in ("code", "message")}
-    raise PolicyError(code, message, detail)
-
-
-def _handshake(result: dict[str, Any]) -> Handshake:
-    if result.get("protocol") != PROTOCOL:
-        raise _bad(
-            "hello", f"field 'protocol': {result.get('protocol')!r}, this client speaks {PROTOCOL}"
-        )
-    contract = result.get("contract")
-    if not isinstance(contract, dict):
-        raise _bad("hello", f"field 'contract': not a map ({type(contract).__name__})")
-    try:
-        obs = contract.get("observations")
-        observations = None if obs is None else Observations.from_wire(obs, "contract.observations")
-        act = contract.get("actions")
-        actions = None if act is None else Actions.from_wire(act, "contract.actions")
-    except ContractError as err:
-        raise _bad("hello", str(err)) from None
-    endpoints = result.get("endpoints")
-    if not isinstance(endpoints, dict) or not all(
-        isinstance(k, str) and (v is None or isinstance(v, str)) for k, v in endpoints.items()
-    ):
-        raise _bad("hello", "field 'endpoints': not a map of name -> endpoint string or None")
-    policy = result.get("policy")
-    if not isinstance(policy, str):
-        raise _bad("hello", f"field 'policy': not a string ({policy!r:.100})")
-    limits = result.get("limits")
-    if limits is not None and not (
-        isinstance(limits, dict)
-        and all(isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in limits.values())
-    ):
-        raise _bad("hello", f"field 'limits': not a map of name -> integer > 0 ({limits!r:.100})")
-    return Handshake(observations, actions, dict(endpoints), policy, limits)
-
-
-def observe_address(observe: str, act_endpoint: str) -> str:
-    """The observe endpoint to connect to: a tcp wildcard host (0.0.0.0, *, ::) that the
-    worker bound is replaced by the host the act endpoint named."""
-    prefix = "tcp://"
-    if not (observe.startswith(prefix) and act_endpoint.startswith(prefix)):
-        return observe
-    host, _, port = observe[len(prefix) :].rpartition(":")
-    if host not in ("0.0.0.0", "*", "[::]", "::"):
-        return observe
-    act_host = act_endpoint[len(prefix) :].rpartition(":")[0]
-    return f"{prefix}{act_host}:{port}"
-
-
-def _act_result(result: dict[str, Any], episode: str, step: int, rtt_ms: float) -> ActResult:
-    rows = result.get("actions")
-    if not isinstance(rows, np.ndarray) or rows.ndim != 2 or rows.dtype.kind not in "biuf":
-        shape = rows.shape if isinstance(rows, np.ndarray) else type(rows).__name__
-        raise _bad("act", f"field 'actions': not a 2-D numeric array ({shape})")
-    if rows.shape[0] < 1 or rows.shape[1] < 1:
-        raise _bad("act", f"field 'actions': empty chunk of shape {rows.shape}")
-    rows = rows.astype(np.float64)  # a writable copy of the read-only wire array
-    if not np.isfinite(rows).all():
-        raise _bad("act", "field 'actions': holds NaN or infinity")
-    if result.get("step") != step or isinstance(result.get("step"), bool):
-        raise _bad("act", f"field 'step': {result.get('step')!r}, asked for {step}")
-    if result.get("episode") != episode:
-        raise _bad("act", f"field 'episode': {result.get('episode')!r:.100}, asked for {episode!r}")
-    timing = result.get("timing")
-    if not isinstance(timing, dict):
-        raise _bad("act", f"field 'timing': not a map ({type(timing).__name__})")
-    times = {}
-    for name in ("infer_ms", "queue_ms"):
-        value = timing.get(name, 0.0)
-        if isinstance(value, bool) or not isinstance(value, int | float) or not value >= 0:
-            raise _bad("act", f"field 'timing.{name}': not a number >= 0 ({value!r})")
-        times[name] = float(value)
-    return ActResult(rows, step, episode, times["infer_ms"], rtt_ms, times["queue_ms"])

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Collection
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -14,7 +14,7 @@ from robotd.config import Config
 from robotd.contract import Actions, Observations
 from robotd.link.act import ActLink
 from robotd.link.chunks import ChunkLimits, ChunkRefused
-from robotd.link.client import Handshake, PolicyClient, PolicyError, observe_address
+from robotd.link.client import Handshake, PolicyClient, PolicyError
 from robotd.link.observe import UplinkLimits
 from robotd.link.steps import LinkCounters, RingFrames, StepReader, StepRing
 from robotd.link.uplink import Uplink
@@ -39,29 +39,40 @@ class PolicyLink:
     actions: Actions | None
 
 
+async def hello_once(
+    cfg: Config, endpoint: str, timeout_s: float
+) -> tuple[PolicyClient, Handshake]:
+    """One hello to the worker at `endpoint`; the client (its timeout the config's) and what
+    the worker said. TimeoutError when it does not answer, PolicyError when it refuses or
+    breaks the protocol (code "bad_reply"); the client is closed then."""
+    client = PolicyClient(endpoint, timeout_s=timeout_s)
+    try:
+        handshake = await client.connect(observe=True)
+    except BaseException:
+        with anyio.CancelScope(shield=True):
+            await client.close()
+        raise
+    client.timeout_s = cfg.policy.timeout_s
+    return client, handshake
+
+
 async def hello(
     cfg: Config, endpoint: str, worker_failed: Callable[[], str]
 ) -> tuple[PolicyClient, Handshake]:
     """Say hello until the worker answers; StartupError when it died or never answers."""
-    # Short hellos while the worker comes up, so a dead one is noticed quickly.
-    client = PolicyClient(endpoint, timeout_s=1.0)
     deadline = time.monotonic() + HELLO_DEADLINE_S
     while True:
         try:
-            handshake = await client.connect(observe=True)
-            client.timeout_s = cfg.policy.timeout_s
-            return client, handshake
+            # Short hellos while the worker comes up, so a dead one is noticed quickly.
+            return await hello_once(cfg, endpoint, 1.0)
         except (TimeoutError, PolicyError) as exc:
             if isinstance(exc, PolicyError) and exc.code == "bad_reply":
                 # A worker that answers, wrongly, will not answer better on a retry.
-                await client.close()
                 raise StartupError(f"policy worker at {endpoint}: {exc}") from None
             failed = worker_failed()
             if failed:
-                await client.close()
                 raise StartupError(f"{failed} (policy {cfg.policy.serve})") from None
             if time.monotonic() > deadline:
-                await client.close()
                 raise StartupError(
                     f"policy worker at {endpoint} did not answer hello: {exc}"
                 ) from None
@@ -105,24 +116,45 @@ async def connect_policy(
     endpoint: str,
     *,
     steps: StepRing,
-    rings: dict[str, FrameRing],
+    rings: Mapping[str, FrameRing],
     send_down: Callable[[Any], None],
     worker_failed: Callable[[], str],
+    counters: LinkCounters | None = None,
+    on_lost: Callable[[str, str], None] | None = None,
 ) -> PolicyLink:
-    """Hello, then the window planner, the uploads (when the worker has an observe
-    endpoint) and the act link, sized to the contract in force."""
+    """Hello (retried while the worker comes up), then the link (build_link)."""
     client, hs = await hello(cfg, endpoint, worker_failed)
+    try:
+        return build_link(cfg, endpoint, client, hs, steps, rings, send_down, counters, on_lost)
+    except StartupError:
+        await client.close()
+        raise
+
+
+def build_link(
+    cfg: Config,
+    endpoint: str,
+    client: PolicyClient,
+    hs: Handshake,
+    steps: StepRing,
+    rings: Mapping[str, FrameRing],
+    send_down: Callable[[Any], None],
+    counters: LinkCounters | None = None,
+    on_lost: Callable[[str, str], None] | None = None,
+) -> PolicyLink:
+    """The window planner, the uploads (when the worker has an observe endpoint) and the
+    act link, sized to the contract in force; StartupError (or ContractError) when the
+    worker's contract cannot be used."""
     obs, actions = contract_in_force(cfg, hs)
     limits = ChunkLimits(max_rows=cfg.policy.max_chunk_rows, dim=len(cfg.joints.names))
     try:
         limits.check_hz(actions.hz if actions is not None else None, cfg.control.hz)
     except ChunkRefused as exc:
-        await client.close()
         raise StartupError(f"policy worker at {endpoint}: {exc}") from None
     resolved = obs.resolve(cfg.control.hz) if obs is not None else None
     planner = WindowPlanner(resolved, cfg.observation_keys)
     steps.keep = planner.lookback + 2 * int(cfg.control.hz) + 16
-    counters = LinkCounters()
+    counters = counters or LinkCounters()
     reader = StepReader(steps, RingFrames(rings))
     uplink = make_uplink(cfg, hs, endpoint, obs, planner, actions, reader, counters)
     link = ActLink(
@@ -136,6 +168,7 @@ async def connect_policy(
         uplink=uplink,
         stream_wait_s=cfg.policy.stream_wait_s,
         counters=counters,
+        on_lost=on_lost,
     )
     log.info(
         "policy %s at %s: streams %s",
@@ -227,3 +260,16 @@ def warn_window_over_limit(
         2 * frames,
     )
     return True
+
+
+def observe_address(observe: str, act_endpoint: str) -> str:
+    """The observe endpoint to connect to: a tcp wildcard host (0.0.0.0, *, ::) that the
+    worker bound is replaced by the host the act endpoint named."""
+    prefix = "tcp://"
+    if not (observe.startswith(prefix) and act_endpoint.startswith(prefix)):
+        return observe
+    host, _, port = observe[len(prefix) :].rpartition(":")
+    if host not in ("0.0.0.0", "*", "[::]", "::"):
+        return observe
+    act_host = act_endpoint[len(prefix) :].rpartition(":")[0]
+    return f"{prefix}{act_host}:{port}"

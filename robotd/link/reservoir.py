@@ -32,8 +32,6 @@ class Reservoir:
             if j < self.size:
                 self.values[j] = value
 
-    append = add  # list-like use (the link's counters were lists once)
-
     def mean(self) -> float:
         return self.total / self.seen if self.seen else 0.0
 

@@ -1,14 +1,21 @@
-"""The policy session: the main process's owner of the policy link.
+"""The policy session: the main process's owner of the policy link, and of its health.
 
-It brings the link up (robotd.link.connect), keeps the step ring the windows are read
-from, answers the control lane's asks (each act a task of its own), feeds the uplink
-from the steps and merge reports, and ends worker-side episodes. The daemon hands it the
-lane's messages; it hands chunks and failures back through `send_down`.
+It brings the link up (robotd.link.connect for robotd's own workers, robotd.link.openpi
+for openpi servers), keeps the step ring the windows are read from, answers the control
+lane's asks (each act a task of its own), feeds the uplink, and ends worker-side episodes.
+
+When the worker's copy of the policy holding the episode is lost (an `episode_lost`
+reply, or a heartbeat saying so) the lane is told (`EpisodeLost`: a new worker-side
+episode, the queue flushed, the robot holding) once per episode. When the worker itself is
+gone (no heartbeat within policy.heartbeat_s, its process exited, the openpi connection
+lost) the same, and the link is rebuilt — act and observe connections both — with capped
+exponential backoff; asks meanwhile fail at once, saying why. Every change is logged once.
 """
 
 from __future__ import annotations
 
 import logging
+from collections import deque
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -16,9 +23,12 @@ import anyio
 import anyio.abc
 
 from robotd.config import Config
-from robotd.lane.messages import ActFailed, Ask, Contract, Merged, Step
+from robotd.contract import ContractError
+from robotd.lane.messages import ActFailed, Ask, Contract, EpisodeLost, Merged, Step
 from robotd.link.client import Handshake, PolicyError
-from robotd.link.connect import PolicyLink, connect_policy
+from robotd.link.connect import PolicyLink, StartupError, build_link, connect_policy, hello_once
+from robotd.link.health import LinkHealth
+from robotd.link.replies import ping_episode
 from robotd.link.steps import LinkCounters, StepRing
 from robotd.shm import FrameRing
 
@@ -36,45 +46,190 @@ class PolicySession:
         rings: Mapping[str, FrameRing],
         send_down: Callable[[Any], None],
         worker_failed: Callable[[], str],
+        task: Callable[[], str] = lambda: "",
     ) -> None:
         self.cfg = cfg
         self.endpoint = endpoint
         self.rings = rings
         self.send_down = send_down
         self.worker_failed = worker_failed
+        self.task = task
         self.steps = StepRing(keep=256)
-        self.link: PolicyLink | None = None
+        self.counters = LinkCounters()
+        self.health = LinkHealth(cfg.policy.reconnect_max_s)
+        self.link: PolicyLink | None = None  # robotd's own worker
+        self.openpi: Any = None  # an openpi server's link and acts (robotd.link.openpi)
         self._tg: anyio.abc.TaskGroup | None = None
+        self._uplink_scope: anyio.CancelScope | None = None
+        self._wep = ""  # the worker-side episode the lane runs now
+        self._lost: deque[str] = deque(maxlen=64)  # episodes already reported lost
+        self._olh: int | None = None
+        self._handshake: Handshake | None = None
+        self._closing = False
+        self._replies_before = (0, 0)  # late and unknown replies of clients gone
 
     @property
     def handshake(self) -> Handshake | None:
-        return self.link.handshake if self.link is not None else None
+        return self._handshake
 
     @property
-    def counters(self) -> LinkCounters | None:
-        return self.link.link.counters if self.link is not None else None
+    def served(self) -> bool:
+        """Whether a worker ever answered (before that a local worker's exit is fatal)."""
+        return self._handshake is not None or self.openpi is not None
+
+    # ---- bringing it up ----------------------------------------------------------------------
 
     async def connect(self, tg: anyio.abc.TaskGroup) -> Contract:
-        """Hello, the contract in force, the act link and the uploads (a task in `tg`);
-        returns the Contract message for the control lane. StartupError or ContractError
-        when the worker cannot be used."""
-        self.link = await connect_policy(
-            self.cfg,
-            self.endpoint,
-            steps=self.steps,
-            rings=self.rings,
-            send_down=self.send_down,
-            worker_failed=self.worker_failed,
-        )
+        """The first connection (StartupError or ContractError when the worker cannot be
+        used: final); then the link is watched and rebuilt in `tg`. Returns the Contract
+        message for the control lane."""
         self._tg = tg
-        if self.link.uplink is not None:
-            tg.start_soon(self.link.uplink.run)
-        actions = self.link.actions
-        return Contract(actions.open_loop_horizon if actions is not None else None)
+        if self.cfg.policy.link == "openpi":
+            from robotd.link.openpi.session import connect_openpi
 
-    # ---- the lane's messages ------------------------------------------------------------
+            self.openpi = await connect_openpi(self)
+            actions = self.openpi.acts.actions
+        else:
+            link = await connect_policy(
+                self.cfg,
+                self.endpoint,
+                steps=self.steps,
+                rings=self.rings,
+                send_down=self.send_down,
+                worker_failed=self.worker_failed,
+                counters=self.counters,
+                on_lost=self.episode_lost,
+            )
+            self._install(link)
+            actions = link.actions
+        self.health.up()
+        self._olh = actions.open_loop_horizon if actions is not None else None
+        tg.start_soon(self._watch)
+        return Contract(self._olh)
+
+    def _install(self, link: PolicyLink) -> None:
+        self.link, self._handshake = link, link.handshake
+        if link.uplink is not None:
+            assert self._tg is not None
+            self._tg.start_soon(self._run_uplink, link)
+
+    async def _run_uplink(self, link: PolicyLink) -> None:
+        assert link.uplink is not None
+        with anyio.CancelScope() as scope:
+            self._uplink_scope = scope
+            await link.uplink.run()
+
+    # ---- health ------------------------------------------------------------------------------
+
+    async def _watch(self) -> None:
+        """Heartbeats while up; reconnect attempts (with backoff) while gone."""
+        hb = self.cfg.policy.heartbeat_s
+        while not self._closing:
+            if not self.health.is_up:
+                await self._reconnect()
+                continue
+            await anyio.sleep(hb / 4)
+            if self.openpi is not None:
+                if not self.openpi.link.connected:
+                    self.worker_gone(
+                        f"openpi connection lost ({self.openpi.link.state.last_error})"
+                    )
+                continue
+            if self.link is not None:
+                await self._heartbeat(self.link, hb)
+
+    async def _heartbeat(self, link: PolicyLink, hb: float) -> None:
+        try:
+            if "ping" in link.handshake.features:
+                asked = self._wep  # the reply may come after the lane moved on to a new one
+                got = await link.client.ping(asked or None, timeout_s=hb)
+                said = ping_episode(got)
+                if said is not None and said[0] == "lost":
+                    self.episode_lost(asked, said[1] or "lost")
+            else:
+                await link.client.connect(observe=True)  # an older worker: hello is its ping
+        except TimeoutError:
+            self.worker_gone(f"no heartbeat answered within {hb:g} s")
+        except PolicyError as exc:
+            if exc.code != "closed":
+                self.worker_gone(f"heartbeat refused: {exc}")
+
+    def worker_gone(self, reason: str) -> None:
+        """The worker is gone or unusable: the lane resets its episode, the robot holds, the
+        link is rebuilt."""
+        if self._closing or not self.health.gone(reason):
+            return
+        log.warning("policy worker gone: %s; the robot holds, reconnecting", reason)
+        self._report_lost(f"worker gone: {reason}")
+        link, self.link = self.link, None
+        if self._uplink_scope is not None:
+            self._uplink_scope.cancel()
+            self._uplink_scope = None
+        if link is not None:
+            c = link.client
+            late, unknown = self._replies_before
+            self._replies_before = (late + c.late_replies, unknown + c.unknown_replies)
+            if self._tg is not None:
+                self._tg.start_soon(c.close)
+
+    def episode_lost(self, wep: str, cause: str) -> None:
+        """The worker's copy holding `wep` is gone (the worker itself is fine)."""
+        if wep == self._wep:
+            log.warning("the policy lost episode %s: %s", wep, cause)
+            self._report_lost(cause)
+
+    def _report_lost(self, cause: str) -> None:
+        wep = self._wep
+        if not wep or wep in self._lost:
+            return
+        self._lost.append(wep)
+        self.send_down(EpisodeLost(cause[:500]))
+
+    async def _reconnect(self) -> None:
+        await anyio.sleep(self.health.retry_delay())
+        if self.openpi is not None:
+            from robotd.link.openpi.session import reconnect_openpi
+
+            if await reconnect_openpi(self):
+                self._back()
+            return
+        try:
+            client, hs = await hello_once(self.cfg, self.endpoint, self.cfg.policy.heartbeat_s)
+        except (TimeoutError, PolicyError) as exc:
+            self.health.failed(f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__)
+            return
+        try:
+            link = build_link(
+                self.cfg,
+                self.endpoint,
+                client,
+                hs,
+                self.steps,
+                self.rings,
+                self.send_down,
+                self.counters,
+                self.episode_lost,
+            )
+        except (StartupError, ContractError) as exc:
+            await client.close()
+            self.health.failed(f"its contract cannot be used: {exc}")
+            return
+        self._install(link)
+        self._back()
+        olh = link.actions.open_loop_horizon if link.actions is not None else None
+        if olh != self._olh:
+            self._olh = olh
+            self.send_down(Contract(olh))
+
+    def _back(self) -> None:
+        away = self.health.up()
+        self.counters.reconnects = self.health.reconnects
+        log.warning("policy worker back after %.1f s: the episode goes on in a new one", away)
+
+    # ---- the lane's messages -----------------------------------------------------------------
 
     def on_step(self, rec: Step) -> None:
+        self._wep = rec.wep
         self.steps.add(rec)
         if self.link is not None and self.link.uplink is not None:
             self.link.uplink.on_step(rec)
@@ -82,29 +237,72 @@ class PolicySession:
     def on_ask(self, ask: Ask) -> None:
         """Planned here, in message order (the steps before it are known, the ones after it
         are not yet); the act itself runs in a task of its own."""
-        if self.link is None or self._tg is None:
-            self.send_down(ActFailed(ask.id, "no policy link"))
+        self._wep = ask.wep
+        acts = self._acts()
+        if acts is None or self._tg is None:
+            why = self.health.reason or "no policy link"
+            self.send_down(ActFailed(ask.id, f"policy worker gone ({why}); reconnecting"))
             return
-        act = self.link.link.begin(ask)
+        act = acts.begin(ask)
         if act is not None:
-            self._tg.start_soon(self.link.link.finish, act)
+            self._tg.start_soon(acts.finish, act)
+
+    def _acts(self) -> Any:
+        if not self.health.is_up:
+            return None
+        if self.openpi is not None:
+            return self.openpi.acts
+        return self.link.link if self.link is not None else None
 
     def on_merged(self, msg: Merged) -> None:
         if self.link is not None and self.link.uplink is not None:
             self.link.uplink.on_chunk(msg)
 
     def on_episode_end(self, wep: str) -> None:
-        if self.link is not None and self._tg is not None:
-            self._tg.start_soon(self._end_worker_episode, wep)
+        if self.openpi is not None:
+            self.openpi.acts.forget(wep)
+        elif self.link is not None and self._tg is not None:
+            self._tg.start_soon(self._end_worker_episode, self.link, wep)
 
-    async def _end_worker_episode(self, wep: str) -> None:
-        assert self.link is not None
-        self.link.link.forget(wep)
+    async def _end_worker_episode(self, link: PolicyLink, wep: str) -> None:
+        link.link.forget(wep)
         try:
-            await self.link.client.end_episode(wep)
+            await link.client.end_episode(wep)
         except (PolicyError, TimeoutError) as exc:
             log.warning("end_episode %s: %s", wep, exc)
 
+    # ---- operators ---------------------------------------------------------------------------
+
+    async def params(self, changes: dict[str, Any] | None) -> dict[str, Any]:
+        """The policy's inference parameters (set from the next episode on); PolicyError
+        when the worker refuses (naming the parameter) or has none to set."""
+        link = self.link
+        if link is None or not self.health.is_up:
+            raise PolicyError("unavailable", f"no policy worker ({self.health.reason})")
+        if "params" not in link.handshake.features:
+            raise PolicyError("not_supported", f"policy {link.handshake.policy} takes no params")
+        return await link.client.params(changes)
+
+    def state(self) -> dict[str, Any]:
+        """The link's state for status and telemetry."""
+        out = {"link": self.cfg.policy.link, "endpoint": self.endpoint, **self.health.as_dict()}
+        if self._handshake is not None:
+            out["policy"] = self._handshake.policy
+        if self.openpi is not None:
+            out["server"] = self.openpi.link.state.as_dict()
+        return out
+
+    def reply_counts(self) -> tuple[int, int]:
+        """(late replies dropped, unknown replies) over every connection of the session."""
+        late, unknown = self._replies_before
+        if self.link is not None:
+            late += self.link.client.late_replies
+            unknown += self.link.client.unknown_replies
+        return late, unknown
+
     async def close(self) -> None:
+        self._closing = True
         if self.link is not None:
             await self.link.client.close()
+        if self.openpi is not None:
+            await self.openpi.link.close()

@@ -49,6 +49,7 @@ class LinkCounters:
     uploaded_bytes: int = 0
     inline_frames: int = 0
     refused_frames: int = 0
+    reconnects: int = 0
     rtt_ms: Reservoir = field(default_factory=lambda: Reservoir(TIMING_SAMPLE))
     infer_ms: Reservoir = field(default_factory=lambda: Reservoir(TIMING_SAMPLE, seed=1))
 

@@ -106,9 +106,20 @@ def camera_argv(cfg: Config, name: str, shared: Shared) -> list[str]:
 
 def worker_argv(cfg: Config, endpoint: str) -> list[str]:
     """The local policy worker: `robotd serve` on the config's policy and arguments."""
-    args: dict[str, Any] = cfg.policy.args
+    p = cfg.policy
+    args: dict[str, Any] = p.args
     return python_module(
-        "robotd", "serve", cfg.policy.serve, "--bind", endpoint, "--args-json", json.dumps(args)
+        "robotd",
+        "serve",
+        p.serve,
+        "--bind",
+        endpoint,
+        "--args-json",
+        json.dumps(args),
+        "--copies",
+        str(p.copies),
+        "--hang-s",
+        str(p.hang_s),
     )
 
 

@@ -22,7 +22,7 @@ import zmq.asyncio
 
 from robotd.config import Config, runtime_dir
 from robotd.contract import ContractError
-from robotd.lane.messages import Ask, Bye, EpisodeLost, Event, Merged, Ready, Shutdown, Stats, Step
+from robotd.lane.messages import Ask, Bye, Event, Merged, Ready, Shutdown, Stats, Step
 from robotd.link.connect import StartupError
 from robotd.link.session import PolicySession
 from robotd.operator.server import OperatorServer
@@ -74,8 +74,7 @@ class Daemon:
         )
 
     def _link(self) -> dict[str, object]:
-        hs = self.session.handshake if self.session is not None else None
-        return {"policy": hs.policy} if hs is not None else {"policy": None}
+        return self.session.state() if self.session is not None else {"state": "connecting"}
 
     def _route(self) -> None:
         """Who handles which message from the control lane."""
@@ -103,6 +102,10 @@ class Daemon:
             log.warning("control lane: %s", warning)
         self.ready.set()
 
+    def _worker_lost(self, cause: str) -> None:
+        if self.session is not None:
+            self.session.worker_gone(cause)
+
     def _episode_ended(self, wep: str) -> None:
         if self.session is not None:
             self.session.on_episode_end(wep)
@@ -121,8 +124,8 @@ class Daemon:
                     self.cfg,
                     sup,
                     on_control_exit=self._control_exited,
-                    on_worker_lost=lambda cause: self.bridge.send(EpisodeLost(cause)),
-                    served=lambda: self.session is not None and self.session.link is not None,
+                    on_worker_lost=self._worker_lost,
+                    served=lambda: self.session is not None and self.session.served,
                 )
                 try:
                     with anyio.CancelScope() as self._scope:
@@ -160,6 +163,7 @@ class Daemon:
             rings=self.shared.rings,
             send_down=b.send,
             worker_failed=lambda: children.worker_failed,
+            task=lambda: b.status.task if b.status is not None else "",
         )
         try:
             b.send(await self.session.connect(tg))
@@ -168,6 +172,7 @@ class Daemon:
             self.exit_code = 2
             return
         self.summary.link = self.session.counters
+        self.summary.session = self.session
         await OperatorServer(self.view, b, self.cfg, self.dir, self.ctx).start(tg)
         if self.opts.status:
             tg.start_soon(StatusLine(self.view).run)

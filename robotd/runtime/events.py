@@ -4,6 +4,7 @@ the end of a worker-side episode passed on, and the one-time refill warning."""
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable
 
 from robotd.config import ControlConfig
@@ -30,9 +31,15 @@ WARNINGS = frozenset(
 )
 
 
+# Events that can come every few ticks while a cause lasts (a worker gone, a driver failing):
+# the first is logged, then one line every QUIET_S with how many there were.
+REPEATING = frozenset({"act_failed", "driver_error", "bad_chunk"})
+QUIET_S = 10.0
+
+
 class EventLog:
-    """Logs each event (warnings for trouble, info for the rest) and acts on the few that
-    concern the main process."""
+    """Logs each event (warnings for trouble, info for the rest; a repeating kind at most
+    every QUIET_S, with its count) and acts on the few that concern the main process."""
 
     def __init__(
         self,
@@ -44,10 +51,21 @@ class EventLog:
         self.summary = summary
         self.episode_ended = episode_ended
         self._refill_warned = False
+        self._quiet: dict[str, tuple[float, int]] = {}  # name -> (last logged, since then)
 
     def on_event(self, ev: Event) -> None:
         level = logging.WARNING if ev.name in WARNINGS else logging.INFO
-        log.log(level, "%s %s", ev.name, ev.detail)
+        if ev.name in REPEATING:
+            now = time.monotonic()
+            last, more = self._quiet.get(ev.name, (-QUIET_S, 0))
+            if now - last < QUIET_S:
+                self._quiet[ev.name] = (last, more + 1)
+            else:
+                self._quiet[ev.name] = (now, 0)
+                extra = f" (+{more} more in the last {now - last:.0f} s)" if more else ""
+                log.log(level, "%s %s%s", ev.name, ev.detail, extra)
+        else:
+            log.log(level, "%s %s", ev.name, ev.detail)
         if ev.name == "episode_end":
             self.episode_ended(str(ev.detail.get("wep", "")))
 

@@ -26,6 +26,7 @@ class RunSummary:
         self.totals: dict[str, int] = {}
         self.tracking = Reservoir()
         self.link: LinkCounters | None = None  # the policy link's, read live
+        self.session: Any = None  # the policy session (its health, replies dropped)
         self.verdicts: list[dict[str, Any]] = []
         self._lateness: dict[str, dict[str, float]] = {}
         self._ask = AskLatency()
@@ -75,6 +76,25 @@ class RunSummary:
         rtt = self.link.rtt_ms if self.link is not None else Reservoir()
         return {"p50": rtt.percentile(50), "p99": rtt.percentile(99)}
 
+    def infer_ms(self) -> dict[str, float]:
+        """The policy's own time, as the worker (or openpi server) reports it."""
+        inf = self.link.infer_ms if self.link is not None else Reservoir()
+        return {"p50": inf.percentile(50), "p99": inf.percentile(99)}
+
+    def link_counts(self) -> dict[str, Any]:
+        """reconnects, late_replies_dropped, unknown_replies, worker_gone_s."""
+        if self.session is None:
+            return {"reconnects": 0, "late_replies_dropped": 0, "unknown_replies": 0,
+                    "worker_gone_s": 0.0}  # fmt: skip
+        late, unknown = self.session.reply_counts()
+        health = self.session.health.as_dict()
+        return {
+            "reconnects": health["reconnects"],
+            "late_replies_dropped": late,
+            "unknown_replies": unknown,
+            "worker_gone_s": health["worker_gone_s"],
+        }
+
     def to_dict(self) -> dict[str, Any]:
         t = self.totals
         names = [
@@ -109,6 +129,8 @@ class RunSummary:
                 "p95": self.tracking.percentile(95),
             },
             "act_rtt_ms": self.act_rtt_ms(),
+            "infer_ms": self.infer_ms(),
+            **self.link_counts(),
             "act_errors": self.link.act_errors if self.link is not None else 0,
             **self.uploads(),
             "verdicts": self.verdicts,

@@ -1,0 +1,147 @@
+"""Asks answered by an openpi server: the window read robot-side and sent inline (an openpi
+server keeps no stream), mapped onto the server's schema, its answer mapped back onto the
+robot's joints and bounded as every chunk is (robotd.link.chunks).
+
+What goes wrong is sorted the way the daemon acts on it: the server failing (its traceback
+in a text frame), the connection lost, or no answer in time mean the server-side session is
+gone — `on_lost(reason)` (the session holds, reconnects and resets the episode); a reply
+or an observation that does not fit the mapping fails the act alone (ActFailed).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from robotd.config import Config
+from robotd.contract import Actions, Observations, Stream
+from robotd.lane.messages import ActFailed, Ask, ChunkRows, Rows
+from robotd.link.chunks import ChunkLimits, ChunkRefused, prepare
+from robotd.link.openpi.client import OpenpiLink
+from robotd.link.openpi.errors import (
+    ActTimeout,
+    BadReply,
+    CodecError,
+    ConnectionLost,
+    RequestError,
+    ServerError,
+)
+from robotd.link.openpi.options import TASK
+from robotd.link.openpi.request import build_request, parse_reply
+from robotd.link.steps import FrameLost, LinkCounters, StepReader
+from robotd.link.windows import WindowPlanner, assemble
+
+log = logging.getLogger("robotd.link.openpi")
+
+
+def openpi_contract(cfg: Config) -> tuple[Observations, Actions | None]:
+    """What an openpi act reads and answers: the config's declared contract, or else each
+    mapped input's source read at the act's own step."""
+    p = cfg.policy
+    if p.observations is not None:
+        obs = Observations.from_wire(p.observations, "policy.observations")
+    else:
+        sources = {i.source for i in p.openpi.inputs if i.source != TASK}
+        obs = Observations(streams={s: Stream() for s in sorted(sources)})
+    actions = Actions.from_wire(p.actions, "policy.actions") if p.actions is not None else None
+    return obs, actions
+
+
+@dataclass(slots=True)
+class _Act:
+    id: int
+    wep: str
+    step: int
+    prev: int | None
+    inputs: dict[str, list[Any]]
+    asked: float
+
+
+class OpenpiActs:
+    """The act path to one openpi server (see the module docstring)."""
+
+    def __init__(
+        self,
+        cfg: Config,
+        link: OpenpiLink,
+        reader: StepReader,
+        send_down: Callable[[Any], None],
+        *,
+        task: Callable[[], str],
+        on_lost: Callable[[str], None],
+        counters: LinkCounters,
+    ) -> None:
+        self.cfg = cfg
+        self.link = link
+        obs, self.actions = openpi_contract(cfg)
+        self.planner = WindowPlanner(obs.resolve(cfg.control.hz), cfg.observation_keys)
+        self.reader = reader
+        self.send_down = send_down
+        self.task = task
+        self.on_lost = on_lost
+        self.counters = counters
+        self.limits = ChunkLimits(cfg.policy.max_chunk_rows, len(cfg.joints.names))
+        self._prev_act: dict[str, int] = {}
+
+    def begin(self, ask: Ask) -> _Act | None:
+        """Plan the window and read it out of the rings at once (frames are overwritten);
+        None when that failed (ActFailed sent)."""
+        prev = self._prev_act.get(ask.wep)
+        try:
+            window = self.planner.plan(ask.s, prev)
+            inputs = assemble(window, lambda s, k: self.reader.value(ask.wep, s, k))
+        except (ValueError, FrameLost) as exc:
+            self.counters.skipped_frames += isinstance(exc, FrameLost)
+            self._fail(ask.id, f"window incomplete: {exc}")
+            return None
+        self._prev_act[ask.wep] = ask.s
+        return _Act(ask.id, ask.wep, ask.s, prev, inputs, time.perf_counter())
+
+    async def finish(self, a: _Act) -> None:
+        """Act and send the chunk (or act_failed) down; never raises."""
+        p = self.cfg.policy
+        try:
+            request = build_request(p.openpi, a.inputs, self.task())
+            reply = await self.link.act(request, timeout_s=p.timeout_s)
+            answer = parse_reply(p.openpi.actions, reply, len(self.cfg.joints.names))
+            rows = prepare(answer.rows, self.actions, self.cfg.control.hz, self.limits)
+        except (ServerError, ConnectionLost, ActTimeout) as exc:
+            self._settle(a)
+            text = getattr(exc, "text", "") or ""
+            if text:
+                log.error("openpi server failed the act at step %d:\n%s", a.step, text[:4000])
+            self.on_lost(f"{type(exc).__name__}: {exc.message}")
+            return
+        except (BadReply, RequestError, CodecError, ChunkRefused) as exc:
+            self._settle(a)
+            self._fail(a.id, f"act failed: {type(exc).__name__}: {exc}")
+            return
+        except Exception as exc:  # a bug must not leave the ask unanswered
+            log.exception("ask %d at step %d: the openpi act failed", a.id, a.step)
+            self._settle(a)
+            self._fail(a.id, f"act failed: {type(exc).__name__}: {exc}")
+            return
+        self.counters.acts += 1
+        self.counters.rtt_ms.add((time.perf_counter() - a.asked) * 1e3)
+        if answer.infer_ms is not None:
+            self.counters.infer_ms.add(answer.infer_ms)
+        self.send_down(ChunkRows(a.id, a.wep, a.step, Rows.of(rows)))
+
+    def _settle(self, a: _Act) -> None:
+        """An act that got no answer: the next window counts from the act before it."""
+        if self._prev_act.get(a.wep) == a.step:
+            if a.prev is None:
+                self._prev_act.pop(a.wep, None)
+            else:
+                self._prev_act[a.wep] = a.prev
+
+    def _fail(self, ask_id: int, reason: str) -> None:
+        self.counters.act_errors += 1
+        log.warning("ask %d: %s", ask_id, reason)
+        self.send_down(ActFailed(ask_id, reason[:500]))
+
+    def forget(self, wep: str) -> None:
+        self._prev_act.pop(wep, None)

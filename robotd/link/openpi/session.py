@@ -1,0 +1,77 @@
+"""The openpi side of a policy session: connect to the server, build the act path, and
+rebuild it after a loss (each new connection is a new server-side session, so the episode
+was reset when the old one was lost)."""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from robotd.link.connect import StartupError
+from robotd.link.openpi.acts import OpenpiActs
+from robotd.link.openpi.client import OpenpiLink
+from robotd.link.openpi.errors import ConnectionLost
+from robotd.link.steps import RingFrames, StepReader
+
+if TYPE_CHECKING:
+    from robotd.link.session import PolicySession
+
+log = logging.getLogger("robotd.link.openpi")
+
+CONNECT_DEADLINE_S = 30.0
+
+
+@dataclass
+class OpenpiPeer:
+    link: OpenpiLink
+    acts: OpenpiActs
+
+
+async def connect_openpi(session: PolicySession) -> OpenpiPeer:
+    """The first connection to the openpi server; StartupError when there is none within
+    CONNECT_DEADLINE_S (or the endpoint or key is unusable)."""
+    cfg = session.cfg
+    try:
+        link = OpenpiLink(session.endpoint, cfg.policy.openpi)
+    except ValueError as exc:
+        raise StartupError(f"policy.worker {session.endpoint!r}: {exc}") from None
+    try:
+        metadata = await link.connect(deadline_s=CONNECT_DEADLINE_S)
+    except ConnectionLost as exc:
+        await link.close()
+        raise StartupError(f"openpi server: {exc.message}") from None
+    reader = StepReader(session.steps, RingFrames(session.rings))
+    acts = OpenpiActs(
+        cfg,
+        link,
+        reader,
+        session.send_down,
+        task=session.task,
+        on_lost=session.worker_gone,
+        counters=session.counters,
+    )
+    session.steps.keep = acts.planner.lookback + 2 * int(cfg.control.hz) + 16
+    log.info(
+        "openpi server at %s (metadata: %s): inputs %s",
+        session.endpoint,
+        sorted(map(str, metadata))[:8],
+        [i.source for i in cfg.policy.openpi.inputs],
+    )
+    return OpenpiPeer(link, acts)
+
+
+async def reconnect_openpi(session: PolicySession) -> bool:
+    """One reconnect attempt (the link's own attempt, bounded); True when connected."""
+    peer = session.openpi
+    assert peer is not None
+    try:
+        await peer.link.connect(deadline_s=cfg_timeout(session))
+    except ConnectionLost as exc:
+        session.health.failed(exc.message)
+        return False
+    return True
+
+
+def cfg_timeout(session: PolicySession) -> float:
+    return max(1.0, session.cfg.policy.openpi.connect_timeout_s)

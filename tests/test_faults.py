@@ -1,0 +1,237 @@
+"""Faults on the way to the policy, with real processes: a copy of the policy killed, hung or
+out of memory, a hostile chunk, the whole worker killed (and restarted after 1 s, 15 s and,
+with ROBOTD_SOAK=1, 60 s) or stopped, the main process stopped while operators e-stop.
+The robot holds, the daemon never dies, and the episode goes on in a new one."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from robotd.operator.robotctl import ControlClient
+from tests.copy_util import ROOT, TESTS, Client, wait_for
+from tests.daemon_util import Daemon
+
+SOAK = os.environ.get("ROBOTD_SOAK") == "1"
+LANE = ["--set", 'control.timing="realtime"', "--set", "policy.heartbeat_s=1"]
+
+
+class Worker:
+    """`robotd serve tests/fault_policies:Recorder` at a fixed endpoint (so that it can be
+    killed and started again where the daemon looks for it), two copies, hang_s 1."""
+
+    def __init__(self, root: Path, policy: str = "fault_policies:Recorder") -> None:
+        self.root = root
+        self.endpoint = f"ipc://{root}/w.sock"
+        self.acts_path = root / "acts.jsonl"
+        self.policy = policy
+        self.proc: subprocess.Popen[str] | None = None
+        self.start()
+
+    def start(self) -> None:
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(TESTS), str(ROOT)])}
+        argv = [sys.executable, "-m", "robotd", "serve", self.policy, "--bind", self.endpoint]
+        argv += ["--copies", "2", "--hang-s", "1", "--copy-memory-mib", "700"]
+        if self.policy.endswith("Recorder"):
+            argv += ["--arg", f'path="{self.acts_path}"', "--arg", f'flags="{self.root}"']
+        self.log = (self.root / "worker.log").open("a")
+        self.proc = subprocess.Popen(argv, env=env, stdout=self.log, stderr=subprocess.STDOUT)
+        client = Client(self.endpoint)
+        try:
+            wait_for(lambda: self._ready(client), "the worker's copies to be ready")
+        finally:
+            client.close()
+
+    @staticmethod
+    def _ready(client: Client) -> bool:
+        try:
+            pool = client.ping(timeout=2)["pool"]
+        except AssertionError:
+            return False
+        return pool["ready"] >= 2 and pool["starting"] == 0
+
+    def copy_holding(self, episode: str) -> int:
+        client = Client(self.endpoint)
+        try:
+            copies = client.ping()["copies"]
+        finally:
+            client.close()
+        (pid,) = [c["pid"] for c in copies if c["episode"] == episode]
+        return pid
+
+    def flag(self, fault: str) -> None:
+        (self.root / fault).write_text("once")
+
+    def acts(self) -> list[dict[str, Any]]:
+        if not self.acts_path.exists():
+            return []
+        return [json.loads(line) for line in self.acts_path.read_text().splitlines() if line]
+
+    def kill(self) -> None:
+        assert self.proc is not None
+        self.proc.kill()
+        self.proc.wait(30)
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(30)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        self.log.close()
+
+
+@pytest.fixture
+def worker() -> Iterator[Worker]:
+    import tempfile
+
+    with tempfile.TemporaryDirectory(prefix="rbt-f-") as tmp:  # ipc paths must stay short
+        w = Worker(Path(tmp))
+        yield w
+        w.stop()
+
+
+def running(worker: Worker, tmp: Path, *extra: str) -> Daemon:
+    d = Daemon(tmp, "--worker", worker.endpoint, *LANE, *extra)
+    d.wait_line(r"episode_start")
+    wait_for(lambda: len(worker.acts()) >= 3, "the first acts")
+    return d
+
+
+def new_episode_after(worker: Worker, old: str) -> dict[str, Any]:
+    def first() -> dict[str, Any] | None:
+        return next((a for a in worker.acts() if a["episode"] not in (old, "None")), None)
+
+    return wait_for(first, "an act of the new worker-side episode")
+
+
+def assert_fresh_start(act: dict[str, Any]) -> None:
+    """The new episode's first act is its step 0, and its window reads that step alone
+    (padded before 0 with step 0's values): nothing of the old episode."""
+    assert act["step"] == 0
+    assert act["steps"] == [-3, 0]
+    assert act["pos"][0] == act["pos"][1]
+
+
+def start_again_if_starved(d: Daemon, away_s: float) -> None:
+    """Away longer than max_hold_steps (10 s at 30 Hz): the watchdog ended the episode
+    (the robot holding); the operator starts the next one."""
+    if away_s * 30 <= 300:
+        return
+    starved = r"episode_end .*'outcome': 'starved'"
+    if not any(re.search(starved, line) for line in d.log):  # not logged yet
+        d.wait_line(starved, timeout=30)
+    client = ControlClient(d.control_endpoint, timeout_s=15)
+    try:
+        assert client.request("reset_done")["ok"]
+        assert client.request("start")["ok"]
+    finally:
+        client.close()
+
+
+def finish(d: Daemon) -> dict[str, Any]:
+    d.signal()
+    assert d.wait_exit() == 0, "".join(d.log[-30:])
+    return d.result()
+
+
+@pytest.mark.parametrize(
+    ("fault", "cause"),
+    [("kill", "SIGKILL"), ("hang", "hung"), ("oom", "out_of_memory"), ("exit", "crashed")],
+)
+def test_a_lost_copy_resets_the_episode_and_it_goes_on(
+    worker: Worker, tmp_path: Path, fault: str, cause: str
+) -> None:
+    d = running(worker, tmp_path)
+    old = worker.acts()[-1]["episode"]
+    if fault == "kill":
+        os.kill(worker.copy_holding(old), signal.SIGKILL)
+    else:
+        worker.flag(fault)
+    line = d.wait_line(r"episode_reset", timeout=60)
+    assert cause in line and old in line
+    assert_fresh_start(new_episode_after(worker, old))
+    wait_for(lambda: sum(a["episode"] not in (old, "None") for a in worker.acts()) >= 3, "acts")
+    s = finish(d)
+    assert s["episode_resets"] == 1 and s["stale_rows_played"] == 0
+    assert s["episodes"] == 1  # the operator's episode went on
+
+
+def test_a_chunk_of_three_million_rows_is_refused_before_the_lane(
+    worker: Worker, tmp_path: Path
+) -> None:
+    d = running(worker, tmp_path)
+    worker.flag("big")
+    d.wait_line(r"chunk refused: 3000000 rows, over policy\.max_chunk_rows = 1024")
+    n = len(worker.acts())
+    wait_for(lambda: len(worker.acts()) >= n + 3, "the acts after the refusal")
+    s = finish(d)
+    assert s["bad_messages"] == 0 and s["episode_resets"] == 0
+    assert s["act_failures"] >= 1
+
+
+def test_an_absurd_actions_hz_is_refused_at_the_handshake(tmp_path: Path) -> None:
+    import tempfile
+
+    with tempfile.TemporaryDirectory(prefix="rbt-f-") as tmp:
+        w = Worker(Path(tmp), "fault_policies:SlowRate")
+        try:
+            d = Daemon(tmp_path, "--worker", w.endpoint)
+            assert d.wait_exit() == 2
+            assert "actions.hz 0.0001 is outside 0.1..10000 Hz" in "".join(d.log)
+        finally:
+            w.stop()
+
+
+@pytest.mark.parametrize("away_s", [1, 15, pytest.param(60, marks=pytest.mark.soak)])
+def test_the_whole_worker_killed_and_started_again(
+    worker: Worker, tmp_path: Path, away_s: float
+) -> None:
+    if away_s >= 60 and not SOAK:
+        pytest.skip("60 s away: ROBOTD_SOAK=1")
+    d = running(worker, tmp_path)
+    worker.kill()
+    d.wait_line(r"policy worker gone", timeout=30)
+    gone = time.monotonic()
+    # The fault's own length, not synchronisation: the worker stays away this long.
+    time.sleep(max(0.0, away_s - (time.monotonic() - gone)))
+    seen = len(worker.acts())
+    worker.start()
+    d.wait_line(r"policy worker back after", timeout=60)
+    start_again_if_starved(d, away_s)
+    wait_for(lambda: len(worker.acts()) >= seen + 3, "acts on the new worker")
+    s = finish(d)
+    assert s["episode_resets"] >= 1 and s["reconnects"] == 1
+    assert s["worker_gone_s"] >= min(away_s, 1) * 0.9
+
+
+@pytest.mark.parametrize("stopped_s", [5, 12])
+def test_a_stopped_worker_is_gone_then_back_and_its_late_replies_never_play(
+    worker: Worker, tmp_path: Path, stopped_s: float
+) -> None:
+    d = running(worker, tmp_path)
+    assert worker.proc is not None
+    os.kill(worker.proc.pid, signal.SIGSTOP)
+    try:
+        d.wait_line(r"policy worker gone", timeout=30)
+        time.sleep(stopped_s)  # the fault's own length
+    finally:
+        os.kill(worker.proc.pid, signal.SIGCONT)
+    d.wait_line(r"policy worker back after", timeout=60)
+    seen = len(worker.acts())
+    start_again_if_starved(d, stopped_s)
+    wait_for(lambda: len(worker.acts()) >= seen + 3, "acts after SIGCONT")
+    s = finish(d)
+    assert s["episode_resets"] >= 1 and s["stale_rows_played"] == 0
