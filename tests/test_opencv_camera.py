@@ -219,8 +219,10 @@ def test_a_frame_older_than_max_age_makes_the_observation_invalid(tmp_path, ring
     from robotd.control.kernel import Kernel
 
     cfg = load_config(None, ["cameras.top.max_age_ms=100"])
+    from tests.lane_util import plain
+
     out: list[dict] = []
-    kernel = Kernel(cfg, run_id="t", emit=out.append)
+    kernel = Kernel(cfg, run_id="t", emit=lambda m: out.append(plain(m)))
     kernel.set_contract(4)  # the sim config's first episode starts by itself
     video = write_video(tmp_path / "a.avi", 3)
     clock = FakeClock()

@@ -41,7 +41,7 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     if args.baud < 0:
         p.error("--baud must be >= 0")
-    from robotd.procutil import die_with_parent
+    from robotd.runtime.procutil import die_with_parent
 
     die_with_parent()
     try:
