@@ -20,6 +20,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TextIO
 
+from drivers.servo.bus import BusError
 from drivers.servo.calibration import (
     Calibration,
     CalibrationError,
@@ -197,7 +198,7 @@ def main(
         target = _target(cfg, args.config, args.output)
         cal = import_file(cfg, args, op) if args.import_lerobot else walk_through(cfg, op)
         _write(cal, target, op)
-    except (ConfigError, CalibrationError, OSError, RuntimeError) as exc:
+    except (ConfigError, CalibrationError, BusError, OSError, RuntimeError) as exc:
         print(f"robotd calibrate: {exc}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:

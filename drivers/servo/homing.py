@@ -73,8 +73,8 @@ class HomingBus:
             self._bus().write(i, self.family.torque, b"\x00")
 
     def positions(self, ids: Sequence[int]) -> dict[int, int]:
-        """Present Position of each servo (a sync read; raises BusError-like DriverFault
-        upstream when one does not answer)."""
+        """Present Position of each servo (one sync read); RuntimeError naming the servos
+        that did not answer."""
         f, bus = self.family, self._bus()
         out = bus.sync_read(f.present, f.present_size, list(ids))
         if out.missing:
