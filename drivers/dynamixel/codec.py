@@ -12,6 +12,7 @@ from drivers.servo.frames import Frame
 class DynamixelCodec(Codec):
     name = "dynamixel"
     has_fast_sync_read = True
+    ping_data_length = 3  # model number, firmware version
 
     def __init__(self) -> None:
         self._fast_length = 0

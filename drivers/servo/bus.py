@@ -33,6 +33,7 @@ class Codec(ABC):
 
     name: str
     has_fast_sync_read: bool = False
+    ping_data_length: int = 0  # data bytes in a ping's status
 
     @abstractmethod
     def parser(self) -> FrameParser: ...
@@ -114,9 +115,12 @@ class ServoBus:
         expect: Sequence[int],
         reply_bytes: int,
         not_after_ns: int | None = None,
+        data_length: int | None = None,
     ) -> Outcome:
         """Send `packet`, collect one reply from each ID in `expect` until the expected time
-        plus the slack has passed (and never after `not_after_ns`)."""
+        plus the slack has passed (and never after `not_after_ns`). A reply carrying other
+        than `data_length` bytes is a late answer to an earlier transaction and is skipped,
+        unless its error byte says the instruction was refused."""
         wait = self.expected_seconds(len(packet), reply_bytes, len(expect)) + self.slack_s
         deadline_ns = time.monotonic_ns() + int(wait * 1e9)
         if not_after_ns is not None:
@@ -134,7 +138,12 @@ class ServoBus:
                     out.corrupt.append(f)
                     continue
                 for r in self.codec.replies(f):
-                    if r.ident in wanted:
+                    stale = (
+                        data_length is not None
+                        and len(r.data) != data_length
+                        and not self.codec.retryable(r.error)
+                    )
+                    if r.ident in wanted and not stale:
                         wanted.discard(r.ident)
                         out.replies[r.ident] = r
         out.missing = [i for i in expect if i not in out.replies]
@@ -165,7 +174,7 @@ class ServoBus:
         self.send_only(self.codec.sync_write(address, length, items))
 
     def ping(self, ident: int, tries: int = 3) -> Reply:
-        return self._unicast(self.codec.ping(ident), ident, 3, tries)
+        return self._unicast(self.codec.ping(ident), ident, self.codec.ping_data_length, tries)
 
     def read(self, ident: int, address: int, length: int, tries: int = 3) -> bytes:
         return self._unicast(self.codec.read(ident, address, length), ident, length, tries).data
@@ -176,7 +185,9 @@ class ServoBus:
     def _unicast(self, packet: bytes, ident: int, data_length: int, tries: int) -> Reply:
         reason, detail = "timeout", "no reply"
         for _ in range(max(1, tries)):
-            out = self.transact(packet, (ident,), self.codec.reply_bytes(data_length, 1, False))
+            out = self.transact(
+                packet, (ident,), self.codec.reply_bytes(data_length, 1, False), None, data_length
+            )
             reply = out.replies.get(ident)
             if reply is not None and not self.codec.retryable(reply.error):
                 return reply

@@ -72,14 +72,19 @@ class HomingBus:
         for i in ids:
             self._bus().write(i, self.family.torque, b"\x00")
 
-    def positions(self, ids: Sequence[int]) -> dict[int, int]:
-        """Present Position of each servo (one sync read); RuntimeError naming the servos
-        that did not answer."""
+    def positions(self, ids: Sequence[int], tries: int = 5) -> dict[int, int]:
+        """Present Position of each servo (a sync read, the missing ones asked again);
+        RuntimeError naming the servos that did not answer."""
         f, bus = self.family, self._bus()
-        out = bus.sync_read(f.present, f.present_size, list(ids))
-        if out.missing:
-            raise RuntimeError(f"servos {out.missing} did not answer a position read")
-        return {i: self._decode(out.replies[i].data) for i in ids}
+        got: dict[int, int] = {}
+        missing = list(ids)
+        for _ in range(tries):
+            out = bus.sync_read(f.present, f.present_size, missing)
+            got.update({i: self._decode(r.data) for i, r in out.replies.items()})
+            missing = [i for i in missing if i not in got]
+            if not missing:
+                return {i: got[i] for i in ids}
+        raise RuntimeError(f"servos {missing} did not answer a position read ({tries} tries)")
 
     def _decode(self, data: bytes) -> int:
         f = self.family
