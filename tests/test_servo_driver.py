@@ -291,3 +291,35 @@ def test_a_slow_latency_timer_is_named_with_its_fix(tmp_path):
     assert check_latency_timer(str(link), tmp_path / "sys") is None  # writable here: set to 1
     assert timer.read_text().strip() == "1"
     assert check_latency_timer(str(dev / "ttyACM0"), tmp_path / "sys") is None  # no timer
+
+
+def test_a_late_reply_to_an_earlier_transaction_is_not_taken_for_this_one():
+    import os
+    import threading
+
+    from drivers.dynamixel import packet as dxp
+    from drivers.dynamixel.codec import DynamixelCodec
+    from drivers.servo.bus import ServoBus
+    from drivers.servo.transport import SerialTransport
+    from tests.servo_util import RawPty
+
+    pty = RawPty()
+    transport = SerialTransport(pty.path, 1_000_000)
+    transport.open()
+    bus = ServoBus(DynamixelCodec(), transport, slack_s=5.0, return_delay_s=0)
+    request = dxp.read(1, 132, 4)
+
+    def servo() -> None:
+        assert pty.take(len(request)) == request
+        # the status of an earlier write (no data) comes late, then the read's own
+        late, own = dxp.status_packet(1, 0), dxp.status_packet(1, 0, (166).to_bytes(4, "little"))
+        os.write(pty.master, late + own)
+
+    t = threading.Thread(target=servo)
+    t.start()
+    try:
+        assert bus.read(1, 132, 4) == (166).to_bytes(4, "little")
+    finally:
+        t.join(5)
+        transport.close()
+        pty.close()
