@@ -12,10 +12,10 @@ from robotd.operator.robotctl import ControlClient
 from tests.daemon_util import REPO, Daemon, processes_mentioning, wait_until
 
 
-def robotctl(endpoint: str, *args: str) -> str:
+def robotctl(endpoint: str, command: str) -> str:
     out = subprocess.run(
-        [sys.executable, "-m", "robotd.operator.robotctl", "--endpoint", endpoint,
-         "--timeout", "15", *args],
+        [sys.executable, "-m", "robotd.operator.robotctl", command, "--endpoint", endpoint,
+         "--timeout", "15"],
         cwd=REPO, capture_output=True, text=True, timeout=60, check=False,
     )  # fmt: skip
     assert out.returncode == 0, out.stderr
