@@ -1,11 +1,13 @@
-"""`robotd run | serve | check | trace | export`: the daemon, the reference policy worker, a
-config check, looking at traces, exporting them as datasets."""
+"""`robotd run | serve | check | trace | export | calibrate`: the daemon, the reference policy
+worker, a config check, looking at traces, exporting them as datasets, calibrating a servo
+arm."""
 
 from __future__ import annotations
 
 import argparse
 import json
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 from robotd.config import DEFAULT_CONFIG, Config, _parse_value, load_config
@@ -30,6 +32,7 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--summary", type=Path, default=None, help="write the run's summary JSON here")
     run.add_argument("--worker", default=None, help="endpoint of a remote policy worker")
     run.add_argument("--no-status", action="store_true", help="no live status line")
+    run.add_argument("--emulate", action="store_true", help="a servo arm on its bus emulator")
     run.add_argument("-v", "--verbose", action="store_true")
 
     _serve_parser(sub.add_parser("serve", help="serve a policy to robotd daemons"))
@@ -46,6 +49,7 @@ def _parser() -> argparse.ArgumentParser:
     for name, text in (
         ("trace", "look at traces: trace ls [DIR] | trace show EPISODE.mcap"),
         ("export", "export traces: export RUN_OR_EPISODES --lerobot DIR"),
+        ("calibrate", "calibrate a servo arm: calibrate --config CONFIG"),
     ):
         sub.add_parser(name, help=text, add_help=False).add_argument("rest", nargs="...")
     return p
@@ -172,12 +176,32 @@ def _serve(args: argparse.Namespace) -> int:
     return 0
 
 
+def _emulate(args: argparse.Namespace, cfg: Config) -> tuple[Config, Callable[[], None]] | None:
+    """--emulate: the bus emulator started and the config pointed at it (None: said why)."""
+    from robotd.emulate import start_emulation
+
+    stop = None
+    try:
+        extra, stop = start_emulation(cfg)
+        args.overrides = [*args.overrides, *extra]
+        return _load_checked(args), stop
+    except (ConfigError, RuntimeError) as exc:
+        if stop is not None:
+            stop()
+        print(f"robotd: {exc}", file=sys.stderr)
+        return None
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] == ["trace"] or argv[:1] == ["export"]:  # their own parsers (--help included)
         from robotd.trace import cli as trace_cli
 
         return trace_cli.main(argv[1:]) if argv[0] == "trace" else trace_cli.export(argv[1:])
+    if argv[:1] == ["calibrate"]:
+        from robotd import calibrate
+
+        return calibrate.main(argv[1:])
     args = _parser().parse_args(argv)
     if args.command == "serve":
         return _serve(args)
@@ -199,10 +223,20 @@ def main(argv: list[str] | None = None) -> int:
             file=sys.stderr,
         )
         return 2
+    stop_emulation = None
+    if args.emulate:
+        emulated = _emulate(args, cfg)
+        if emulated is None:
+            return 2
+        cfg, stop_emulation = emulated
     from robotd.runtime import daemon
 
     daemon.setup_logging(args.verbose)
     opts = daemon.Options(
         duration=args.duration, summary=args.summary, worker=args.worker, status=not args.no_status
     )
-    return daemon.run(cfg, opts)
+    try:
+        return daemon.run(cfg, opts)
+    finally:
+        if stop_emulation is not None:
+            stop_emulation()

@@ -22,6 +22,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import msgspec
@@ -69,6 +70,7 @@ class ControlSpec(msgspec.Struct, forbid_unknown_fields=True):
     estop: str  # lane.sock: this process's ROUTER that takes the e-stop only
     shm_prefix: str | None = None
     rings: dict[str, str] = {}
+    config_dir: str | None = None  # the config file's directory (servo calibration files)
 
 
 def open_joint_driver(cfg: Config, context: DriverContext) -> JointDriver:
@@ -134,8 +136,15 @@ class ControlLane:
         self.sent = 0  # batches sent (one per tick that emitted anything)
         self.outbox: list[Any] = []
         self.kernel = Kernel(self.cfg, run_id=spec.run_id, emit=self.outbox.append)
+        self.warnings_at_start: list[str] = []  # the driver's warnings at open among them
         self.driver = open_joint_driver(
-            self.cfg, DriverContext(clock=clock, shm_prefix=spec.shm_prefix)
+            self.cfg,
+            DriverContext(
+                clock=clock,
+                shm_prefix=spec.shm_prefix,
+                config_dir=Path(spec.config_dir) if spec.config_dir else None,
+                warn=self.warnings_at_start.append,
+            ),
         )
         # The lane reads only each ring's index (the newest frame's reference), never pixels.
         self.rings = {n: FrameRing.attach(r, pixels=False) for n, r in spec.rings.items()}
@@ -147,7 +156,6 @@ class ControlLane:
         self.stats_every = max(1, round(c.stats_interval_s * c.hz))
         self.stop = threading.Event()
         self.warnings: list[str] = []
-        self.warnings_at_start: list[str] = []
         self._error_log = RateLimiter(200_000_000)  # at most 5 error events a second
         self._bad_log = RateLimiter(1_000_000_000)
         self._overruns = OverrunLog()

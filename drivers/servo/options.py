@@ -1,0 +1,31 @@
+"""Options every serial servo bus driver takes ([joints.options] in a robot config)."""
+
+from __future__ import annotations
+
+import pydantic
+
+from drivers.base import DriverOptions
+
+
+class ServoOptions(DriverOptions):
+    port: str = pydantic.Field(min_length=1)  # /dev/ttyUSB0, /dev/serial/by-id/...
+    baud: int = pydantic.Field(1_000_000, gt=0, le=10_000_000)
+    ids: list[int] = pydantic.Field(min_length=1, max_length=64)  # one per joint, in order
+    grippers: list[str] = []  # joints read and commanded 0..1 over their calibrated range
+    calibration: str = "calibration.json"  # relative to the config file's directory
+    # per tick: the wait for replies beyond their time on the wire
+    timeout_ms: float = pydantic.Field(3.0, gt=0, le=1000)
+    retries: int = pydantic.Field(2, ge=0, le=10)  # repeats of a failed read within a tick
+    budget_ms: float = pydantic.Field(12.0, gt=0, le=1000)  # a tick's read, all tries
+    return_delay_us: int = pydantic.Field(0, ge=0, le=508)  # written to the servos at open
+    low_latency: bool = True  # ask the kernel for low-latency mode at open
+
+    @pydantic.field_validator("ids")
+    @classmethod
+    def _ids(cls, ids: list[int]) -> list[int]:
+        bad = [i for i in ids if not 0 <= i <= 252]
+        if bad:
+            raise ValueError(f"servo IDs must be 0..252, got {bad}")
+        if len(set(ids)) != len(ids):
+            raise ValueError(f"duplicate servo ID in {ids}")
+        return ids

@@ -1,0 +1,82 @@
+"""`robotd run --emulate`: a real arm's config run on this machine, without the arm.
+
+The servo bus emulator (drivers.emulators) is started on a pty with the config's servo IDs
+and baud rate; the config is pointed at it (`joints.options.port`) and at a calibration of
+the emulated arm (its shafts start mid-range: 0 rad, grippers half open), written in a
+temporary directory; OpenCV cameras fall back to a test pattern when no device exists.
+Everything else (shield, latching, the policy) is the config's own.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import shutil
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
+
+from drivers.emulators.launch import start_emulator
+from drivers.servo.calibration import Calibration, JointCalibration, save_calibration
+from robotd.config import Config
+from robotd.errors import ConfigError
+
+EMULATED = ("dynamixel", "feetech")
+CENTRE = 2048
+MARGIN_TICKS = 64
+GRIPPER_HALF_RANGE = 512
+
+
+def emulated_calibration(cfg: Config) -> Calibration:
+    """Ranges that hold each joint's limits, centred where the emulated shafts start."""
+    scale = 2 * math.pi / 4096
+    opts = cfg.joints.options
+    joints = {}
+    for name, ident, lo, hi in zip(
+        cfg.joints.names, opts["ids"], cfg.joints.lower, cfg.joints.upper
+    ):
+        if name in cfg.joints.grippers:
+            half = GRIPPER_HALF_RANGE
+        else:
+            half = min(CENTRE - 1, math.ceil(max(abs(lo), abs(hi)) / scale) + MARGIN_TICKS)
+        joints[name] = JointCalibration(
+            id=ident, homing_offset=0, range_min=CENTRE - half, range_max=CENTRE + half
+        )
+    return Calibration(protocol=cfg.joints.driver, joints=joints, source="robotd run --emulate")
+
+
+def start_emulation(cfg: Config) -> tuple[list[str], Callable[[], None]]:
+    """Start the emulator for `cfg`'s arm: the `--set` overrides that point the config at
+    it, and the callback that stops it (and removes its calibration). ConfigError when the
+    config's driver has no emulator; RuntimeError when the emulator fails to start."""
+    driver = cfg.joints.driver
+    if driver not in EMULATED:
+        raise ConfigError(
+            f"--emulate: joints.driver {driver!r} has no bus emulator (there is one for "
+            f"{', '.join(EMULATED)}); a simulated arm needs none"
+        )
+    opts = cfg.joints.options
+    ids = opts.get("ids")
+    if not isinstance(ids, list) or len(ids) != len(cfg.joints.names):
+        raise ConfigError("--emulate: joints.options.ids: one servo ID per joint")
+    tmp = Path(tempfile.mkdtemp(prefix="robotd-emulate-"))
+    try:
+        calibration = tmp / "calibration.json"
+        save_calibration(emulated_calibration(cfg), calibration)
+        emulator = start_emulator(driver, ids, baud=int(opts.get("baud", 1_000_000)))
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    overrides = [
+        f"joints.options.port={json.dumps(emulator.port)}",
+        f"joints.options.calibration={json.dumps(str(calibration))}",
+    ]
+    for name, cam in cfg.cameras.items():
+        if cam.driver == "opencv" and cam.options.get("fallback", "none") == "none":
+            overrides.append(f'cameras.{name}.options.fallback="pattern"')
+
+    def stop() -> None:
+        emulator.stop()
+        shutil.rmtree(tmp, ignore_errors=True)
+
+    return overrides, stop
