@@ -233,7 +233,11 @@ def main(argv: list[str] | None = None) -> int:
 
     daemon.setup_logging(args.verbose)
     opts = daemon.Options(
-        duration=args.duration, summary=args.summary, worker=args.worker, status=not args.no_status
+        duration=args.duration,
+        summary=args.summary,
+        worker=args.worker,
+        status=not args.no_status,
+        config_dir=Path(args.config).resolve().parent,
     )
     try:
         return daemon.run(cfg, opts)

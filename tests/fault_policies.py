@@ -64,5 +64,22 @@ class SlowRate:
 
     actions = Actions(hz=1e-4)
 
+    def __init__(self, path: str = "") -> None:
+        self.path = path
+
     def infer(self, obs: Any) -> np.ndarray:
         return np.zeros((4, 3))
+
+
+class Tunable:
+    """An inference parameter, `gain`: each act appends (episode, gain) to `path`."""
+
+    actions = Actions(open_loop_horizon=8)
+
+    def __init__(self, path: str) -> None:
+        self.path = Path(path)
+
+    def infer(self, obs: dict[str, Any], *, episode: Any = None, gain: float = 1.0) -> np.ndarray:
+        with self.path.open("a") as f:
+            f.write(json.dumps({"episode": str(episode), "gain": gain}) + "\n")
+        return np.tile(np.asarray(obs["joints.pos"], dtype=float), (8, 1))

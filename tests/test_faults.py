@@ -42,8 +42,9 @@ class Worker:
         env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(TESTS), str(ROOT)])}
         argv = [sys.executable, "-m", "robotd", "serve", self.policy, "--bind", self.endpoint]
         argv += ["--copies", "2", "--hang-s", "1", "--copy-memory-mib", "700"]
+        argv += ["--arg", f'path="{self.acts_path}"']
         if self.policy.endswith("Recorder"):
-            argv += ["--arg", f'path="{self.acts_path}"', "--arg", f'flags="{self.root}"']
+            argv += ["--arg", f'flags="{self.root}"']
         self.log = (self.root / "worker.log").open("a")
         self.proc = subprocess.Popen(argv, env=env, stdout=self.log, stderr=subprocess.STDOUT)
         client = Client(self.endpoint)
@@ -235,3 +236,32 @@ def test_a_stopped_worker_is_gone_then_back_and_its_late_replies_never_play(
     wait_for(lambda: len(worker.acts()) >= seen + 3, "acts after SIGCONT")
     s = finish(d)
     assert s["episode_resets"] >= 1 and s["stale_rows_played"] == 0
+
+
+def test_params_set_by_the_operator_apply_from_the_next_episode(tmp_path: Path) -> None:
+    import tempfile
+
+    with tempfile.TemporaryDirectory(prefix="rbt-f-") as tmp:
+        w = Worker(Path(tmp), "fault_policies:Tunable")
+        d = Daemon(tmp_path, "--worker", w.endpoint, *LANE)
+        client = ControlClient(d.control_endpoint, timeout_s=15)
+        try:
+            d.wait_line(r"episode_start")
+            wait_for(lambda: w.acts(), "the first act")
+            first = w.acts()[0]["episode"]
+            listed = client.request("params")["result"]["policy"]
+            assert [(p["name"], p["value"]) for p in listed] == [("gain", 1.0)]
+            assert client.request("params", {"set": {"gain": 2.5}})["ok"]
+            bad = client.request("params", {"set": {"gain": "fast"}})
+            assert bad["error"]["code"] == "bad_params" and "gain" in bad["error"]["message"]
+            n = len(w.acts())
+            wait_for(lambda: len(w.acts()) >= n + 3, "more acts of the first episode")
+            assert {a["gain"] for a in w.acts() if a["episode"] == first} == {1.0}
+            for cmd in ("stop", "reset_done", "start"):
+                assert client.request(cmd)["ok"], cmd
+            wait_for(lambda: any(a["episode"] != first for a in w.acts()), "the next episode")
+            assert {a["gain"] for a in w.acts() if a["episode"] != first} == {2.5}
+        finally:
+            client.close()
+            finish(d)
+            w.stop()

@@ -127,7 +127,7 @@ def test_verdict_stats_params(client):
     assert v["result"]["success"] is True and v["result"]["notes"] == "clean grasp"
     stats = client.request("stats")["result"]
     assert stats["ticks"] > 0 and stats["verdicts"][-1]["notes"] == "clean grasp"
-    assert client.request("params")["result"]["control"]["hz"] == 30
+    assert client.request("params")["result"]["config"]["control"]["hz"] == 30
 
 
 def test_a_second_verdict_is_refused_naming_the_first_unless_replaced(client):
@@ -148,17 +148,16 @@ def test_a_second_verdict_is_refused_naming_the_first_unless_replaced(client):
 
 
 def test_start_takes_a_task_and_params_set_is_refused_by_name(daemon, client):
+    """(The demo policy declares no inference parameter: the worker refuses each by name.)"""
     client.request("clear_fault")
     started = client.request("start", {"task": "put the red cube in the bowl"})
     assert started["ok"], started
     daemon.wait_line(r"operator: start task='put the red cube in the bowl'")
     client.request("stop")
     client.request("reset_done")
-    unknown = client.request("params", {"set": {"control.nope": 1}})
-    assert unknown["error"]["code"] == "bad_args" and "control.nope" in unknown["error"]["message"]
-    refused = client.request("params", {"set": {"control.hz": 50}})
-    assert refused["error"]["code"] == "not_supported"
-    assert client.request("params")["result"]["control"]["hz"] == 30
+    unknown = client.request("params", {"set": {"gain": 1}})
+    assert unknown["error"]["code"] == "bad_params" and "gain" in unknown["error"]["message"]
+    assert client.request("params")["result"]["config"]["control"]["hz"] == 30
 
 
 def test_a_huge_request_is_refused_unread_and_logged_short(daemon, client):

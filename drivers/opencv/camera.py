@@ -14,6 +14,7 @@ said in the log.
 from __future__ import annotations
 
 import contextlib
+from pathlib import Path
 from typing import ClassVar, Literal
 
 import cv2
@@ -129,8 +130,17 @@ class OpenCVCamera(Camera):
         if used == "pattern":
             return PatternSource(self.spec.width, self.spec.height)
         if used:
-            return CaptureSource(used, "any")
-        return CaptureSource(self.options.source, self.options.backend)
+            return CaptureSource(self._beside_config(used), "any")
+        return CaptureSource(self._beside_config(self.options.source), self.options.backend)
+
+    def _beside_config(self, source: int | str) -> int | str:
+        """A relative file path names a file beside the robot's config, not one in the
+        daemon's working directory."""
+        config_dir = self.context.config_dir
+        if not isinstance(source, str) or config_dir is None or "://" in source:
+            return source
+        path = Path(source)
+        return source if path.is_absolute() else str(config_dir / path)
 
     def _start(self, src: CaptureSource | PatternSource, quiet: bool = False) -> str | None:
         s, fourcc = self.spec, self.options.fourcc if src.kind == "device" else None

@@ -42,7 +42,7 @@ from robotd.operator.requests import (
     summary,
 )
 from robotd.runtime.bridge import LaneBusy
-from robotd.runtime.view import DaemonView, LaneCommands, status_dict
+from robotd.runtime.view import DaemonView, LaneCommands, PolicyParams, status_dict
 
 __all__ = [
     "LANE_COMMANDS",
@@ -130,9 +130,11 @@ class OperatorServer:
         cfg: Config,
         run_dir: Path,
         ctx: zmq.asyncio.Context,
+        policy: PolicyParams | None = None,
     ) -> None:
         self.view = view
         self.lane = lane
+        self.policy = policy
         self.ctx = ctx
         self.cfg = cfg
         self.control_ep, self.telemetry_ep = endpoints(cfg, run_dir)
@@ -178,7 +180,9 @@ class OperatorServer:
                 except RequestError as exc:
                     await self._reply(envelope, exc.rid, exc)
                     continue
-                if req.cmd in LOCAL_COMMANDS:
+                if req.cmd == "params":  # the worker may be asked: never wait in this loop
+                    tg.start_soon(self._answer_params, envelope, req)
+                elif req.cmd in LOCAL_COMMANDS:
                     await self._answer(envelope, req)
                 else:  # bounded by the bridge: LaneBusy beyond its pending limit
                     tg.start_soon(self._answer_lane, envelope, req)
@@ -216,6 +220,39 @@ class OperatorServer:
             result = exc
         await self._reply(envelope, req.rid, result)
 
+    async def _answer_params(self, envelope: list[bytes], req: Request) -> None:
+        try:
+            result: Any = await self.handle_params(req.args)
+        except RequestError as exc:
+            result = exc
+        except TimeoutError as exc:
+            result = RequestError("timeout", f"the policy worker did not answer: {exc}")
+        await self._reply(envelope, req.rid, result)
+
+    async def handle_params(self, args: dict[str, Any]) -> Any:
+        """Without `set`: the config in force and the policy's inference parameters. With
+        `set`: the policy's parameters changed, from its next episode on (never mid-episode;
+        the worker checks each against its declared type)."""
+        from robotd.link.client import PolicyError
+
+        changes = args.get("set")
+        if not changes:
+            out: dict[str, Any] = {"config": self.cfg.model_dump(mode="json")}
+            if self.policy is not None:
+                try:
+                    out["policy"] = (await self.policy.params(None)).get("params", [])
+                except PolicyError as exc:
+                    out["policy"] = f"{exc.code}: {exc.message}"
+            return out
+        if self.policy is None:
+            raise RequestError("not_supported", "params: no policy link to set parameters on")
+        try:
+            result = await self.policy.params(changes)
+        except PolicyError as exc:
+            raise RequestError(exc.code, f"params: {exc.message}") from None
+        log.info("operator: params set %s (from the next episode on)", summary(changes))
+        return result
+
     async def _answer_lane(self, envelope: list[bytes], req: Request) -> None:
         try:
             result: Any = await self.handle_lane(req)
@@ -241,29 +278,9 @@ class OperatorServer:
             return {**v.state(), "run_id": v.run_id, "robot": v.robot, "link": v.link()}
         if req.cmd == "stats":
             return v.summary.to_dict()
-        if req.cmd == "params":
-            return self._params(req.args)
         if req.cmd == "verdict":
             return self._verdict(req.args)
         raise RequestError("unknown_command", req.cmd)  # unreachable: parse_request checked
-
-    def _params(self, args: dict[str, Any]) -> Any:
-        params = self.cfg.model_dump(mode="json")
-        changes = args.get("set")
-        if not changes:
-            return params
-        for key in changes:
-            node: Any = params
-            for part in key.split("."):
-                if not isinstance(node, dict) or part not in node:
-                    raise RequestError("bad_args", f"params: no such key {key!r}")
-                node = node[part]
-        names = ", ".join(sorted(changes))
-        raise RequestError(
-            "not_supported",
-            f"params: this daemon changes no parameter while it runs (asked: {names}); "
-            "change the config and restart",
-        )
 
     def _verdict(self, args: dict[str, Any]) -> dict[str, Any]:
         episode = self.view.state().get("episode", 0)
@@ -314,8 +331,11 @@ class OperatorServer:
             "counters": {
                 **{k: s.count(k) for k in TELEMETRY_COUNTERS},
                 **s.uploads(),
+                **s.link_counts(),
             },
             "ask_latency": s.ask_latency(),
+            "act_rtt_ms": s.act_rtt_ms(),
+            "infer_ms": s.infer_ms(),
         }
 
     async def _telemetry(self) -> None:

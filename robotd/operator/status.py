@@ -21,7 +21,22 @@ from robotd.runtime.view import DaemonView
 CLEAR = "\r\x1b[2K"
 
 
-def format_status(stats: dict[str, Any], state: dict[str, Any], hz: float, p99_us: float) -> str:
+def link_words(link: dict[str, Any] | None) -> str:
+    """The policy link in a few words when it is not up ("" when it is)."""
+    if not link or link.get("state") in (None, "up"):
+        return ""
+    if link.get("state") == "gone":
+        return f" | worker gone, reconnecting ({link.get('for_s', 0):.0f} s)"
+    return " | connecting to the worker"
+
+
+def format_status(
+    stats: dict[str, Any],
+    state: dict[str, Any],
+    hz: float,
+    p99_us: float,
+    link: dict[str, Any] | None = None,
+) -> str:
     name = state.get("state", "?")
     if name == "FAULT":
         head = f"FAULT {fault_words(state.get('fault')) or '(cause unknown)'}"
@@ -31,6 +46,7 @@ def format_status(stats: dict[str, Any], state: dict[str, Any], hz: float, p99_u
         f"{head} | {hz:6.1f} Hz p99 {p99_us:7.0f} µs missed {stats.get('missed_ticks', 0)} "
         f"| queue {state.get('queue', 0):>3} acts {stats.get('acts', 0)} "
         f"holds {stats.get('holds', 0)} shield {stats.get('interventions', 0)}"
+        f"{link_words(link)}"
     )
 
 
@@ -84,7 +100,9 @@ class StatusLine:
 
     def line(self) -> str:
         s = self.view.summary
-        return format_status(s.totals, self.view.state(), s.measured_hz(), s.lateness()["p99"])
+        return format_status(
+            s.totals, self.view.state(), s.measured_hz(), s.lateness()["p99"], self.view.link()
+        )
 
     def _install(self) -> tuple[LineKeepingHandler, list[logging.Handler]]:
         """Swap the root logger's handlers on our stream for one that keeps the line."""

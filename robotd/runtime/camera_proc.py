@@ -20,6 +20,7 @@ from __future__ import annotations
 import contextlib
 import sys
 import threading
+from pathlib import Path
 from typing import Any
 
 import pydantic
@@ -58,6 +59,7 @@ class CameraSpec(pydantic.BaseModel, extra="forbid"):
     options: dict[str, Any] = pydantic.Field(default_factory=dict)
     ring: str = pydantic.Field(min_length=1)
     shm_prefix: str | None = None
+    config_dir: str | None = None  # the robot config's directory (relative paths in options)
     parent_pid: int | None = None
 
 
@@ -78,6 +80,7 @@ def make_camera(spec: CameraSpec, stop: threading.Event) -> Camera:
         sleep_until=lambda deadline_ns: sleep_until(deadline_ns, stop),
         stop=stop,
         shm_prefix=spec.shm_prefix,
+        config_dir=Path(spec.config_dir) if spec.config_dir else None,
         warn=lambda message: _say(f"camera {spec.name!r}", message),
     )
     geometry = Geometry(spec.name, spec.width, spec.height, spec.fps)

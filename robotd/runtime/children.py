@@ -74,10 +74,17 @@ class LaneEndpoints:
     estop: str  # lane.sock
 
 
-def control_argv(cfg: Config, run_id: str, ends: LaneEndpoints, shared: Shared) -> list[str]:
+def control_argv(
+    cfg: Config,
+    run_id: str,
+    ends: LaneEndpoints,
+    shared: Shared,
+    config_dir: Path | None = None,
+) -> list[str]:
     from robotd.control.process import ControlSpec
 
     spec = ControlSpec(
+        config_dir=None if config_dir is None else str(config_dir),
         config=cfg.model_dump(mode="json"),
         run_id=run_id,
         up=ends.up,
@@ -89,9 +96,12 @@ def control_argv(cfg: Config, run_id: str, ends: LaneEndpoints, shared: Shared) 
     return python_module("robotd.control.process", msgspec.json.encode(spec).decode())
 
 
-def camera_argv(cfg: Config, name: str, shared: Shared) -> list[str]:
+def camera_argv(
+    cfg: Config, name: str, shared: Shared, config_dir: Path | None = None
+) -> list[str]:
     cam = cfg.cameras[name]
     spec = {
+        "config_dir": None if config_dir is None else str(config_dir),
         "name": name,
         "driver": cam.driver,
         "width": cam.width,
@@ -140,8 +150,10 @@ class Children:
         on_control_exit: Callable[[int], None],
         on_worker_lost: Callable[[str], None],
         served: Callable[[], bool],
+        config_dir: Path | None = None,
     ) -> None:
         self.cfg = cfg
+        self.config_dir = config_dir
         self.sup = sup
         self._on_control_exit = on_control_exit
         self._on_worker_lost = on_worker_lost
@@ -152,10 +164,10 @@ class Children:
         self, run_id: str, ends: LaneEndpoints, shared: Shared, local_worker: str | None
     ) -> None:
         """The control process, the cameras and, given its endpoint, the local worker."""
-        argv = control_argv(self.cfg, run_id, ends, shared)
+        argv = control_argv(self.cfg, run_id, ends, shared, self.config_dir)
         await self.sup.start(Child("control", argv, self._control_exit, env=CONTROL_ENV))
         for name in self.cfg.cameras:
-            argv = camera_argv(self.cfg, name, shared)
+            argv = camera_argv(self.cfg, name, shared, self.config_dir)
             await self.sup.start(Child(f"camera:{name}", argv, self._camera_exit))
         if local_worker is not None:
             argv = worker_argv(self.cfg, local_worker)

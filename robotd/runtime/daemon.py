@@ -47,6 +47,7 @@ class Options:
     summary: Path | None = None
     worker: str | None = None
     status: bool = True
+    config_dir: Path | None = None  # where the config file is (calibration files beside it)
 
 
 class Daemon:
@@ -123,6 +124,7 @@ class Daemon:
                 children = Children(
                     self.cfg,
                     sup,
+                    config_dir=self.opts.config_dir,
                     on_control_exit=self._control_exited,
                     on_worker_lost=self._worker_lost,
                     served=lambda: self.session is not None and self.session.served,
@@ -173,7 +175,7 @@ class Daemon:
             return
         self.summary.link = self.session.counters
         self.summary.session = self.session
-        await OperatorServer(self.view, b, self.cfg, self.dir, self.ctx).start(tg)
+        await OperatorServer(self.view, b, self.cfg, self.dir, self.ctx, self.session).start(tg)
         if self.opts.status:
             tg.start_soon(StatusLine(self.view).run)
         sdnotify.notify("READY=1", f"STATUS=running at {self.cfg.control.hz:g} Hz")

@@ -133,6 +133,7 @@ class RunSummary:
             **self.link_counts(),
             "act_errors": self.link.act_errors if self.link is not None else 0,
             **self.uploads(),
+            "driver": self.last.driver if self.last is not None else {},
             "verdicts": self.verdicts,
             "state": self.last.state.state if self.last is not None else "",
         }

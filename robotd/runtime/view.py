@@ -32,6 +32,12 @@ def status_dict(status: Status | None) -> dict[str, Any]:
     return out
 
 
+class PolicyParams(Protocol):
+    """How operators read and set the policy's inference parameters (the policy session)."""
+
+    async def params(self, changes: dict[str, Any] | None) -> dict[str, Any]: ...
+
+
 @dataclass(frozen=True)
 class DaemonView:
     """What operators may read: `state()` the lane's latest status as a plain dict (empty

@@ -5,17 +5,34 @@ was reset when the old one was lost)."""
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import Any, Protocol
 
+from robotd.config import Config
 from robotd.link.connect import StartupError
+from robotd.link.health import LinkHealth
 from robotd.link.openpi.acts import OpenpiActs
 from robotd.link.openpi.client import OpenpiLink
 from robotd.link.openpi.errors import ConnectionLost
-from robotd.link.steps import RingFrames, StepReader
+from robotd.link.steps import LinkCounters, RingFrames, StepReader, StepRing
+from robotd.shm import FrameRing
 
-if TYPE_CHECKING:
-    from robotd.link.session import PolicySession
+
+class Session(Protocol):
+    """What of the policy session (robotd.link.session) the openpi side uses."""
+
+    cfg: Config
+    endpoint: str
+    steps: StepRing
+    rings: Mapping[str, FrameRing]
+    send_down: Callable[[Any], None]
+    task: Callable[[], str]
+    counters: LinkCounters
+    health: LinkHealth
+    openpi: Any
+
+    def worker_gone(self, reason: str) -> None: ...
 
 log = logging.getLogger("robotd.link.openpi")
 
@@ -28,7 +45,7 @@ class OpenpiPeer:
     acts: OpenpiActs
 
 
-async def connect_openpi(session: PolicySession) -> OpenpiPeer:
+async def connect_openpi(session: Session) -> OpenpiPeer:
     """The first connection to the openpi server; StartupError when there is none within
     CONNECT_DEADLINE_S (or the endpoint or key is unusable)."""
     cfg = session.cfg
@@ -61,7 +78,7 @@ async def connect_openpi(session: PolicySession) -> OpenpiPeer:
     return OpenpiPeer(link, acts)
 
 
-async def reconnect_openpi(session: PolicySession) -> bool:
+async def reconnect_openpi(session: Session) -> bool:
     """One reconnect attempt (the link's own attempt, bounded); True when connected."""
     peer = session.openpi
     assert peer is not None
@@ -73,5 +90,5 @@ async def reconnect_openpi(session: PolicySession) -> bool:
     return True
 
 
-def cfg_timeout(session: PolicySession) -> float:
+def cfg_timeout(session: Session) -> float:
     return max(1.0, session.cfg.policy.openpi.connect_timeout_s)
