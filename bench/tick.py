@@ -56,7 +56,8 @@ def _lane(tmp: Path) -> tuple[Any, Any, Any, dict[str, Any]]:
     import zmq
 
     from robotd.config import load_config
-    from robotd.control.process import ControlLane, ControlSpec
+    from robotd.control.ports import ControlSpec
+    from robotd.control.process import ControlLane
     from robotd.shm import FrameRing, ring_slots
 
     cfg = load_config(None, ['robot.start="idle"', "control.lock_memory=false"])

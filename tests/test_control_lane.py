@@ -9,7 +9,8 @@ import pytest
 import zmq
 
 from robotd.config import load_config
-from robotd.control.process import ControlLane, ControlSpec
+from robotd.control.ports import ControlSpec
+from robotd.control.process import ControlLane
 from tests.lane_util import recv_all
 
 

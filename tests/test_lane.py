@@ -20,7 +20,8 @@ from robotd.config import load_config
 from robotd.contract import Actions, Observations, Stream
 from robotd.control.counters import Counters, QueueCounters, ShieldCounters
 from robotd.control.histogram import LatencyHistogram
-from robotd.control.process import ControlLane, ControlSpec
+from robotd.control.ports import ControlSpec
+from robotd.control.process import ControlLane
 from robotd.control.ticker import Tick
 from robotd.lane import codec
 from robotd.lane.messages import (
@@ -301,3 +302,30 @@ def test_the_wall_clock_tick_plays_what_the_virtual_runner_plays(
             rig.close()
     assert virtual.counters["chunks"] > 5
     assert np.array_equal(played, virtual.played, equal_nan=True)
+
+
+def test_an_estop_between_ticks_is_taken_at_once_not_at_the_next_tick(rig: LaneRig) -> None:
+    """The loop's sleep watches lane.sock: the e-stop latches, a safe command is written and
+    acknowledged during the sleep, before the next deadline."""
+    import threading
+
+    rig.tick()
+    sleeping = threading.Event()
+    done: list[int] = []
+
+    def loop_sleep() -> None:
+        sleeping.set()
+        rig.lane.estops.sleep(2.0)  # a long period: the e-stop must not wait for its end
+        done.append(time.monotonic_ns())
+
+    t = threading.Thread(target=loop_sleep)
+    t.start()
+    assert sleeping.wait(5)
+    rig.estop.send(codec.encode(Estop(7, "now")))
+    assert rig.estop.poll(5000), "no acknowledgement"
+    ack = codec.decode_up(rig.estop.recv())
+    still_sleeping = not done  # taken while the loop slept, not after it
+    t.join(10)
+    assert still_sleeping and done
+    assert isinstance(ack, Reply) and ack.ok and ack.id == 7
+    assert ack.written_ns == rig.lane.io.done_ns and ack.status.state == "FAULT"

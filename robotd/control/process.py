@@ -31,9 +31,11 @@ import zmq
 from drivers.base import DriverContext, DriverFault, JointDriver, build_joints
 from robotd.config import Config
 from robotd.control.episode import CommandRefused
+from robotd.control.estop import EstopDesk
 from robotd.control.histogram import LatencyHistogram
 from robotd.control.kernel import Kernel
 from robotd.control.playback import Chunk
+from robotd.control.ports import ControlSpec, LanePorts
 from robotd.control.rt import enable_realtime, freeze_gc, small_thread_stacks
 from robotd.control.tick import TickIO
 from robotd.control.ticker import OverrunLog, RateLimiter, Tick, Ticker
@@ -57,20 +59,6 @@ from robotd.shm import FrameRing, unlink_prefix
 log = logging.getLogger("robotd.control")
 
 MAX_INBOUND_PER_TICK = 32
-MAX_ESTOPS_PER_TICK = 8
-
-
-class ControlSpec(msgspec.Struct, forbid_unknown_fields=True):
-    """The control process's single argument (json)."""
-
-    config: dict[str, Any]
-    run_id: str
-    up: str  # main's PULL, which this process connects to
-    down: str  # this process's private PULL (commands, chunks)
-    estop: str  # lane.sock: this process's ROUTER that takes the e-stop only
-    shm_prefix: str | None = None
-    rings: dict[str, str] = {}
-    config_dir: str | None = None  # the config file's directory (servo calibration files)
 
 
 def open_joint_driver(cfg: Config, context: DriverContext) -> JointDriver:
@@ -78,45 +66,6 @@ def open_joint_driver(cfg: Config, context: DriverContext) -> JointDriver:
     driver = build_joints(cfg.joints.driver, cfg.joints.names, cfg.joints.options, context)
     driver.open()
     return driver
-
-
-def _bind_private(sock: zmq.Socket, endpoint: str, mode: int) -> None:
-    """Bind an ipc socket whose file is created with `mode` (the umask makes it so from the
-    start: there is no moment when it is wider)."""
-    old = os.umask(0o777 & ~mode)
-    try:
-        sock.bind(endpoint)
-    finally:
-        os.umask(old)
-    if endpoint.startswith("ipc://"):
-        os.chmod(endpoint.removeprefix("ipc://"), mode)
-
-
-class LanePorts:
-    """The lane's three sockets: `up` to main (PUSH), `down` from main (PULL, 0600) and
-    `estop` (lane.sock, ROUTER, 0660: anyone in the robot's group may stop it)."""
-
-    def __init__(self, spec: ControlSpec) -> None:
-        ctx = zmq.Context.instance()
-        self.up = ctx.socket(zmq.PUSH)
-        self.up.setsockopt(zmq.SNDHWM, 10_000)
-        self.up.setsockopt(zmq.LINGER, 500)
-        self.up.connect(spec.up)
-        self.down = ctx.socket(zmq.PULL)
-        self.down.setsockopt(zmq.LINGER, 0)
-        # far above the codec's own limit, which refuses (with a reason) what is over it
-        self.down.setsockopt(zmq.MAXMSGSIZE, 4 * codec.MAX_MESSAGE_BYTES)
-        _bind_private(self.down, spec.down, 0o600)
-        self.estop = ctx.socket(zmq.ROUTER)
-        self.estop.setsockopt(zmq.LINGER, 0)
-        self.estop.setsockopt(zmq.MAXMSGSIZE, 4096)
-        self.estop.setsockopt(zmq.SNDHWM, 100)
-        _bind_private(self.estop, spec.estop, 0o660)
-        self.estop_path = spec.estop.removeprefix("ipc://")
-
-    def close(self) -> None:
-        for sock in (self.up, self.down, self.estop):
-            sock.close()
 
 
 class ControlLane:
@@ -127,8 +76,10 @@ class ControlLane:
         spec: ControlSpec,
         *,
         clock: Callable[[], int] = time.monotonic_ns,
-        sleep: Callable[[float], None] = time.sleep,
+        sleep: Callable[[float], None] | None = None,
     ) -> None:
+        """`sleep`: the loop's sleep between ticks (default: one that takes e-stops at once,
+        EstopDesk.sleep); tests hand a fake clock and sleep."""
         self.cfg = Config.model_validate(spec.config)
         self.ports = LanePorts(spec)
         self.clock = clock
@@ -152,6 +103,14 @@ class ControlLane:
         self.hist = LatencyHistogram()  # lateness at the deadline (after the spin tail)
         self.wake_hist = LatencyHistogram()  # lateness of the sleep's wake-up (before the spin)
         c = self.cfg.control
+        self.estops = EstopDesk(
+            self.ports.estop,
+            self.kernel,
+            safe_now=self.io.safe_now,
+            bad=self._bad,
+            flush=self.flush,
+        )
+        sleep = sleep or self.estops.sleep
         self.ticker = Ticker.from_hz(c.hz, spin_ns=c.spin_us * 1000, clock=clock, sleep=sleep)
         self.stats_every = max(1, round(c.stats_interval_s * c.hz))
         self.stop = threading.Event()
@@ -160,7 +119,6 @@ class ControlLane:
         self._bad_log = RateLimiter(1_000_000_000)
         self._overruns = OverrunLog()
         self._first = True
-        self._estop_acks: list[tuple[bytes, int | None]] = []
         self.spec = spec
         self.orphaned = threading.Event()  # set when the main process is gone (PDEATHSIG)
         self._orphan_since: int | None = None
@@ -174,14 +132,7 @@ class ControlLane:
 
     def drain(self) -> None:
         """E-stops first (lane.sock), then the private inbound socket, bounded per tick."""
-        estop = self.ports.estop
-        # EVENTS first: a try/except around an empty recv costs an exception every tick.
-        for _ in range(MAX_ESTOPS_PER_TICK if estop.getsockopt(zmq.EVENTS) & zmq.POLLIN else 0):
-            try:
-                frames = estop.recv_multipart(zmq.NOBLOCK)
-            except zmq.Again:
-                break
-            self._on_estop(frames)
+        self.estops.drain()
         down = self.ports.down
         for _ in range(MAX_INBOUND_PER_TICK if down.getsockopt(zmq.EVENTS) & zmq.POLLIN else 0):
             try:
@@ -194,36 +145,6 @@ class ControlLane:
                 self._bad("bad_message", str(exc))
             except Exception as exc:  # a bug must never stop the lane
                 self._bad("lane_error", f"{type(exc).__name__}: {exc}")
-
-    def _on_estop(self, frames: list[bytes]) -> None:
-        """lane.sock takes the e-stop and nothing else; every use is an event (logged)."""
-        ident, body = frames[0], frames[-1]
-        try:
-            msg = codec.decode_estop(body)
-        except codec.LaneError as exc:
-            self._bad("lane_refused", f"lane.sock takes the e-stop only: {exc}")
-            reply = Reply(None, False, code="refused", message="lane.sock takes the e-stop only")
-        else:
-            k = self.kernel
-            k.command("estop", msg.reason or "e-stop on lane.sock")
-            k.emit(Event("lane_estop", k.counters.ticks, {"reason": msg.reason}))
-            # Acknowledged once this tick has written its safe command (see ack_estops).
-            self._estop_acks.append((ident, msg.id))
-            return
-        self._answer_estop(ident, reply)
-
-    def _answer_estop(self, ident: bytes, reply: Reply) -> None:
-        # The asker may be gone or not reading: the e-stop itself latched anyway.
-        with contextlib.suppress(zmq.ZMQError):
-            self.ports.estop.send_multipart([ident, codec.encode(reply)], zmq.NOBLOCK)
-
-    def ack_estops(self) -> None:
-        """Answer this tick's e-stops, now that its safe command is written."""
-        for ident, rid in self._estop_acks:
-            self._answer_estop(
-                ident, Reply(rid, True, self.kernel.status(), written_ns=self.io.done_ns)
-            )
-        self._estop_acks.clear()
 
     def _handle(self, msg: Any) -> None:
         k = self.kernel
@@ -317,8 +238,8 @@ class ControlLane:
         if self.orphaned.is_set():
             self._orphan(tick.woke_ns)
         self.io.run(tick.woke_ns, tick.skipped)
-        if self._estop_acks:
-            self.ack_estops()
+        if self.estops.pending:
+            self.estops.ack(self.io.done_ns)
         if self._first:
             self.outbox.append(Ready(os.getpid(), self.warnings))
             self._first = False

@@ -57,6 +57,21 @@ class TickIO:
         self.torque = self.kernel.torque_on
         self.has_truth = bool(self.driver.ground_truth())
 
+    def safe_now(self) -> int:
+        """Between ticks (an e-stop that cannot wait for the next one): switch torque if the
+        kernel changed it, else write the last approved target again; returns when done."""
+        kernel, driver = self.kernel, self.driver
+        try:
+            if kernel.torque_on != self.torque:
+                driver.torque(kernel.torque_on)
+                self.torque = kernel.torque_on
+            elif kernel.torque_on and kernel.shield.last is not None:
+                driver.write(kernel.shield.last)
+        except Exception as exc:
+            self.on_error("estop", exc)
+        self.done_ns = self.clock()
+        return self.done_ns
+
     def run(self, now_ns: int, skipped: int = 0) -> np.ndarray | None:
         """One tick at `now_ns`, `skipped` deadlines after the previous one; the target
         written (None when nothing was)."""

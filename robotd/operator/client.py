@@ -170,7 +170,8 @@ def estop_via_lane(control_endpoint: str, reason: str, timeout_s: float) -> dict
             if isinstance(reply, Reply) and reply.id == rid:
                 if not reply.ok:
                     raise Unreachable(f"the control lane refused the e-stop: {reply.message}")
-                return {**_status_dict(reply.status), "via": "lane.sock"}
+                got = {**_status_dict(reply.status), "via": "lane.sock"}
+                return {**got, "written_ns": reply.written_ns}
     except zmq.ZMQError as exc:
         raise Unreachable(f"the control lane's socket {lane}: {exc}") from None
     finally:

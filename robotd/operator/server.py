@@ -270,7 +270,10 @@ class OperatorServer:
         reply = await self.lane.command(req.cmd, **lane_args(req))
         if not reply.ok:
             raise RequestError(reply.code or "refused", reply.message or "refused")
-        return status_dict(reply.status)  # the state the command left, not a later one
+        out = status_dict(reply.status)  # the state the command left, not a later one
+        if reply.written_ns is not None:  # an e-stop: when its safe command was written
+            out["written_ns"] = reply.written_ns
+        return out
 
     def handle_local(self, req: Request) -> Any:
         v = self.view

@@ -81,7 +81,7 @@ def control_argv(
     shared: Shared,
     config_dir: Path | None = None,
 ) -> list[str]:
-    from robotd.control.process import ControlSpec
+    from robotd.control.ports import ControlSpec
 
     spec = ControlSpec(
         config_dir=None if config_dir is None else str(config_dir),

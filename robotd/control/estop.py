@@ -1,0 +1,104 @@
+"""lane.sock, the e-stop's own door into the control lane: it takes `Estop` and nothing else.
+
+E-stops are taken first at every tick and, between ticks, at once: the loop's sleep
+watches the socket (`EstopDesk.sleep` is the ticker's sleep), so an e-stop arriving
+mid-period latches and has a safe command written within about a millisecond, not at the
+next deadline. Each is acknowledged once its safe command is written (`Reply.written_ns`);
+anything else is refused with a reply saying so, and counted.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from collections.abc import Callable
+
+import zmq
+
+from robotd.control.kernel import Kernel
+from robotd.lane import codec
+from robotd.lane.messages import Event, Reply
+
+MAX_PER_CALL = 8
+
+
+class EstopDesk:
+    """Serves lane.sock for one control lane.
+
+    `safe_now()` writes a safe command at once (torque off, or the last approved target)
+    and returns when it was done; `bad(name, error)` counts and reports a refused message;
+    `flush()` sends what the kernel emitted (called after an e-stop between ticks).
+    """
+
+    def __init__(
+        self,
+        sock: zmq.Socket,
+        kernel: Kernel,
+        *,
+        safe_now: Callable[[], int],
+        bad: Callable[[str, str], None],
+        flush: Callable[[], None],
+    ) -> None:
+        self.sock = sock
+        self.kernel = kernel
+        self.safe_now = safe_now
+        self.bad = bad
+        self.flush = flush
+        self.pending: list[tuple[bytes, int | None]] = []  # latched, not yet acknowledged
+        self._poller = zmq.Poller()
+        self._poller.register(sock, zmq.POLLIN)
+
+    def waiting(self) -> bool:
+        # EVENTS, not a recv in a try: an empty recv costs an exception every tick.
+        return bool(self.sock.getsockopt(zmq.EVENTS) & zmq.POLLIN)
+
+    def drain(self) -> None:
+        """Take what waits on lane.sock (at most MAX_PER_CALL)."""
+        for _ in range(MAX_PER_CALL if self.waiting() else 0):
+            try:
+                frames = self.sock.recv_multipart(zmq.NOBLOCK)
+            except zmq.Again:
+                return
+            self._take(frames)
+
+    def _take(self, frames: list[bytes]) -> None:
+        ident, body = frames[0], frames[-1]
+        try:
+            msg = codec.decode_estop(body)
+        except codec.LaneError as exc:
+            self.bad("lane_refused", f"lane.sock takes the e-stop only: {exc}")
+            self._answer(ident, Reply(None, False, code="refused", message="e-stop only"))
+            return
+        k = self.kernel
+        k.command("estop", msg.reason or "e-stop on lane.sock")
+        k.emit(Event("lane_estop", k.counters.ticks, {"reason": msg.reason}))
+        self.pending.append((ident, msg.id))
+
+    def ack(self, written_ns: int) -> None:
+        """Acknowledge the latched e-stops, their safe command written at `written_ns`."""
+        status = self.kernel.status()
+        for ident, rid in self.pending:
+            self._answer(ident, Reply(rid, True, status, written_ns=written_ns))
+        self.pending.clear()
+
+    def _answer(self, ident: bytes, reply: Reply) -> None:
+        # The asker may be gone or not reading: the e-stop itself latched anyway.
+        with contextlib.suppress(zmq.ZMQError):
+            self.sock.send_multipart([ident, codec.encode(reply)], zmq.NOBLOCK)
+
+    def sleep(self, seconds: float) -> None:
+        """The loop's sleep: wait `seconds`, taking any e-stop that arrives meanwhile at
+        once (latched, a safe command written, acknowledged)."""
+        end = time.monotonic() + seconds
+        while True:
+            left = end - time.monotonic()
+            if left <= 0:
+                return
+            if left < 0.001:  # below poll's millisecond: the precise sleep for the rest
+                time.sleep(left)
+                return
+            if self._poller.poll(int(left * 1000)):
+                self.drain()
+                if self.pending:
+                    self.ack(self.safe_now())
+                    self.flush()
