@@ -117,7 +117,7 @@ def _policy_kwargs(args: argparse.Namespace) -> dict:
 
 
 def _print_unit(args: argparse.Namespace) -> int:
-    from robotd.unit import render_unit
+    from robotd.runtime.unit import render_unit
 
     print(render_unit(args.prefix, config=args.config), end="")
     return 0
@@ -178,7 +178,7 @@ def _serve(args: argparse.Namespace) -> int:
 
 def _emulate(args: argparse.Namespace, cfg: Config) -> tuple[Config, Callable[[], None]] | None:
     """--emulate: the bus emulator started and the config pointed at it (None: said why)."""
-    from robotd.emulate import start_emulation
+    from robotd.runtime.emulate import start_emulation
 
     stop = None
     try:
@@ -199,7 +199,7 @@ def main(argv: list[str] | None = None) -> int:
 
         return trace_cli.main(argv[1:]) if argv[0] == "trace" else trace_cli.export(argv[1:])
     if argv[:1] == ["calibrate"]:
-        from robotd import calibrate
+        from robotd.operator import calibrate
 
         return calibrate.main(argv[1:])
     args = _parser().parse_args(argv)

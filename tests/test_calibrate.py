@@ -17,7 +17,7 @@ from drivers.emulators.bus import Emulator
 from drivers.feetech import table as ftt
 from drivers.servo.calibration import CalibrationError, load_calibration
 from drivers.servo.lerobot import import_lerobot
-from robotd import calibrate
+from robotd.operator import calibrate
 from tests.daemon_util import REPO
 from tests.servo_util import IDS, NAMES
 

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from robotd.unit import render_unit
+from robotd.runtime.unit import render_unit
 from tests.daemon_util import REPO
 
 SYSTEMD = REPO / "systemd"
