@@ -1,0 +1,94 @@
+"""The daemon driven by a real openpi server (openpi-server from PyPI, in the peer venv):
+a sim run (config/openpi-droid.toml) acts through it; a policy that raises (text frame,
+close 1011), a server killed and started again, and a server that never answers each make
+the robot hold, the link reconnect, and the episode go on in a new one — never a hang."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from robotd.operator.robotctl import ControlClient
+from tests.copy_util import wait_for
+from tests.daemon_util import REPO, Daemon
+
+
+def chunks(client: ControlClient) -> int:
+    return client.request("stats")["result"]["chunks"]
+
+
+@pytest.fixture
+def rig(openpi_server: Any, tmp_path: Path) -> Iterator[tuple[Daemon, ControlClient, Any]]:
+    server = openpi_server(policy="test")
+    d = Daemon(
+        tmp_path,
+        "--config",
+        str(REPO / "config" / "openpi-droid.toml"),
+        "--set",
+        f'policy.worker="{server.url}"',
+        "--set",
+        "policy.timeout_s=3",
+    )
+    d.wait_line(r"episode_start")
+    client = ControlClient(d.control_endpoint, timeout_s=15)
+    wait_for(lambda: chunks(client) >= 5, "chunks from the openpi server")
+    yield d, client, server
+    client.close()
+    d.signal()
+    assert d.wait_exit() == 0, "".join(d.log[-30:])
+
+
+def start_with(client: ControlClient, task: str) -> None:
+    for cmd in ("stop", "reset_done"):
+        client.request(cmd)
+    reply = client.request("start", {"task": task})
+    assert reply["ok"], reply
+
+
+def test_a_sim_run_acts_through_an_openpi_server(rig: Any) -> None:
+    _d, client, _server = rig
+    s = client.request("stats")["result"]
+    assert s["acts"] >= 5 and s["episode_resets"] == 0
+    status = client.request("status")["result"]
+    assert status["link"]["state"] == "up" and status["link"]["server"]["connected"]
+
+
+def test_a_policy_that_raises_holds_reconnects_and_goes_on_in_a_new_episode(rig: Any) -> None:
+    d, client, _server = rig
+    start_with(client, "raise")  # the test policy raises on this prompt
+    d.wait_line(r"openpi server failed the act")
+    d.wait_line(r"test policy failure")  # the server's traceback, logged
+    d.wait_line(r"policy worker gone: ServerError")
+    d.wait_line(r"policy worker back after")
+    d.wait_line(r"episode_reset")
+    start_with(client, "pick up the object")
+    n = chunks(client)
+    wait_for(lambda: chunks(client) >= n + 5, "chunks after the failure")
+
+
+def test_a_server_killed_and_started_again(rig: Any) -> None:
+    d, client, server = rig
+    server.kill()
+    d.wait_line(r"policy worker gone")
+    server.start()
+    d.wait_line(r"policy worker back after", timeout=60)
+    n = chunks(client)
+    wait_for(lambda: chunks(client) >= n + 5, "chunks from the restarted server")
+    assert client.request("stats")["result"]["episode_resets"] >= 1
+
+
+def test_a_server_that_never_answers_is_a_clear_error_and_a_hold(rig: Any) -> None:
+    d, client, server = rig
+    start_with(client, "hang")  # the test policy blocks: the server answers nothing more
+    d.wait_line(r"policy worker gone: ActTimeout", timeout=30)
+    status = client.request("status")["result"]  # the daemon answers meanwhile
+    assert status["link"]["state"] == "gone"
+    server.kill()  # a hung server stays hung: replace it
+    server.start()
+    d.wait_line(r"policy worker back after", timeout=60)
+    start_with(client, "pick up the object")
+    n = chunks(client)
+    wait_for(lambda: chunks(client) >= n + 5, "chunks from the new server")
