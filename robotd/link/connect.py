@@ -15,7 +15,7 @@ from robotd.contract import Actions, Observations
 from robotd.link.act import ActLink
 from robotd.link.chunks import ChunkLimits, ChunkRefused
 from robotd.link.client import Handshake, PolicyClient, PolicyError
-from robotd.link.observe import UplinkLimits
+from robotd.link.posts import UplinkLimits
 from robotd.link.steps import LinkCounters, RingFrames, StepReader, StepRing
 from robotd.link.uplink import Uplink
 from robotd.link.windows import WindowPlanner

@@ -22,69 +22,20 @@ from __future__ import annotations
 import logging
 import time
 from collections import deque
-from collections.abc import Callable, Container, Mapping
-from dataclasses import dataclass, field
-from typing import Any, Literal
+from collections.abc import Callable, Container
+from typing import Literal
 
 import anyio
 import zmq
 import zmq.asyncio
 
 from robotd import wire
+from robotd.link.posts import Held, Post, UplinkLimits, parse_ack
 from robotd.link.steps import LinkCounters
 
 log = logging.getLogger("robotd.link")
 
-MB = 1 << 20
 _WARN_EVERY_S = 5.0
-
-
-@dataclass(frozen=True)
-class UplinkLimits:
-    """What one episode may hold on the worker (posted and not yet released)."""
-
-    episode_frames: int = 1024
-    episode_bytes: int = 64 * MB
-
-    def within(self, worker: Mapping[str, int] | None) -> UplinkLimits:
-        """These limits, lowered to what the worker said it keeps (hello's `limits`)."""
-        w = worker or {}
-        return UplinkLimits(
-            min(self.episode_frames, w.get("episode_frames", 1 << 62)),
-            min(self.episode_bytes, w.get("episode_bytes", 1 << 62)),
-        )
-
-
-@dataclass(slots=True)
-class Post:
-    """One upload, packed: a post of `keys` at `step` (`frames` of them camera frames), or
-    a skip declaration."""
-
-    wep: str
-    step: int
-    keys: list[str]
-    body: bytes
-    frames: int
-    rid: int
-    skip: bool = False
-
-
-@dataclass
-class _Held:
-    """The mirror of what the worker holds for one episode."""
-
-    floor: int = 0
-    steps: dict[int, list[int]] = field(default_factory=dict)  # step -> [frames, bytes]
-    frames: int = 0
-    nbytes: int = 0
-    through: int = -1
-
-    def add(self, step: int, frames: int, nbytes: int) -> None:
-        held = self.steps.setdefault(step, [0, 0])
-        held[0] += frames
-        held[1] += nbytes
-        self.frames += frames
-        self.nbytes += nbytes
 
 
 class Signal:
@@ -121,7 +72,7 @@ class ObserveConnection:
         self.limits = limits or UplinkLimits()
         self.when_behind = when_behind
         self.on_refused = on_refused
-        self._held: dict[str, _Held] = {}
+        self._held: dict[str, Held] = {}
         self._posts: tuple[deque[Post], deque[Post]] = (deque(), deque())  # urgent, in order
         self._unacked: dict[int, Post] = {}
         self._rid = 0
@@ -151,7 +102,7 @@ class ObserveConnection:
         )
         keys = sorted({*values, *frames})
         self._posts[0 if urgent else 1].append(Post(wep, step, keys, body, len(frames), self._rid))
-        self._held.setdefault(wep, _Held())
+        self._held.setdefault(wep, Held())
         self._wake.set()
 
     def skip(self, wep: str, step: int, keys: list[str], frames: int, reason: str) -> None:
@@ -176,7 +127,7 @@ class ObserveConnection:
             }
         )
         self._posts[0].append(Post(wep, step, keys, body, 0, self._rid, skip=True))
-        self._held.setdefault(wep, _Held())
+        self._held.setdefault(wep, Held())
         self._wake.set()
 
     def promote(self, wep: str, steps: Container[int]) -> int:
@@ -299,11 +250,11 @@ class ObserveConnection:
             self._give_up(victim)
         return None
 
-    def _live(self, post: Post) -> _Held | None:
+    def _live(self, post: Post) -> Held | None:
         held = self._held.get(post.wep)
         return None if held is None or post.step < held.floor else held
 
-    def _fits(self, held: _Held, post: Post) -> bool:
+    def _fits(self, held: Held, post: Post) -> bool:
         if not held.steps:
             return True  # too big even alone: the worker refuses it and says why
         return (
@@ -311,7 +262,7 @@ class ObserveConnection:
             and held.nbytes + len(post.body) <= self.limits.episode_bytes
         )
 
-    def _behind(self, held: _Held) -> Post | None:
+    def _behind(self, held: Held) -> Post | None:
         """The pending post to give up now (module doc), or None: the first waits for room."""
         posts = [p for p in self._posts[1] if not p.skip]
         frames = sum(p.frames for p in posts)
@@ -380,40 +331,3 @@ class ObserveConnection:
             self._wake.set()
         if self.on_refused is not None:
             self.on_refused(post.wep, post.step, list(post.keys))
-
-
-def parse_ack(reply: dict[str, Any], post: Post) -> tuple[int | None, str | None]:
-    """(through, refusal message) of the worker's answer to `post`; ValueError naming the
-    field that breaks docs/protocol.md. An error reply counts as a refusal."""
-    ok = reply.get("ok")
-    if ok is False:
-        error = reply.get("error")
-        if not isinstance(error, dict) or not isinstance(error.get("message"), str):
-            raise ValueError(f"field 'error': not a map with a string 'message' ({error!r:.100})")
-        code = error.get("code")
-        return None, f"{code}: {error['message']}" if isinstance(code, str) else error["message"]
-    if ok is not True:
-        raise ValueError(f"field 'ok': not a boolean ({ok!r:.50})")
-    result = reply.get("result")
-    if not isinstance(result, dict):
-        raise ValueError(f"field 'result': not a map ({type(result).__name__})")
-    for name, want in (("episode", post.wep), ("step", post.step)):
-        got = result.get(name, want)
-        if type(got) is not type(want) or got != want:
-            raise ValueError(f"field 'result.{name}': {got!r:.50}, but the upload was {want!r}")
-    through = result.get("through")
-    if through is not None and (type(through) is not int or through < -1):
-        raise ValueError(f"field 'result.through': not an integer >= -1 ({through!r:.50})")
-    refused = result.get("refused")
-    if refused is None:
-        return through, None
-    if not (
-        isinstance(refused, dict)
-        and isinstance(refused.get("code"), str)
-        and isinstance(refused.get("message"), str)
-    ):
-        raise ValueError(
-            f"field 'result.refused': not null or a map of string code and message "
-            f"({refused!r:.100})"
-        )
-    return through, refused["message"]

@@ -37,7 +37,8 @@ import numpy as np
 from robotd.contract import Camera
 from robotd.frames import FrameError, fit_and_encode, to_wire
 from robotd.lane.messages import Merged, Step
-from robotd.link.observe import ObserveConnection, Signal, UplinkLimits
+from robotd.link.observe import ObserveConnection, Signal
+from robotd.link.posts import UplinkLimits
 from robotd.link.steps import FrameLost, LinkCounters, StepReader
 from robotd.link.windows import WindowPlanner
 
