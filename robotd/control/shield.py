@@ -70,6 +70,9 @@ class Shield:
         self.upper = np.asarray(upper, dtype=np.float64)
         self.tol = float(clip_tolerance)
         self.max_step = None if max_velocity is None else np.asarray(max_velocity) * dt
+        self._velocity_range = (
+            None if self.max_step is None else (-self.max_step, self.max_step)
+        )
         self.max_dstep = (
             None if max_acceleration is None else np.asarray(max_acceleration) * dt * dt
         )
@@ -98,9 +101,7 @@ class Shield:
         """The steps allowed this tick: velocity bound, acceleration bound, braking room."""
         assert self._last is not None and self._prev_step is not None
         if self.max_dstep is None:
-            if self.max_step is None:
-                return None
-            return -self.max_step, self.max_step
+            return self._velocity_range
         d = self.max_dstep
         lo = np.maximum(self._prev_step - d, -braking_step(self._last - self.lower, d))
         hi = np.minimum(self._prev_step + d, braking_step(self.upper - self._last, d))
@@ -172,7 +173,8 @@ class Shield:
 
     def _advance(self, target: np.ndarray) -> None:
         assert self._last is not None
-        self._prev_step = target - self._last
+        if self.max_dstep is not None:  # only the acceleration bound looks at the last step
+            self._prev_step = target - self._last
         self._last = target
 
     def hold(self) -> np.ndarray:
