@@ -23,6 +23,7 @@ class Counters(msgspec.Struct, forbid_unknown_fields=True):
     max_consecutive_holds: int = 0
     starved_episodes: int = 0
     episode_resets: int = 0
+    max_holds_after_reset: int = 0  # ticks held between a reset and the new episode's first row
     invalid_observations: int = 0
     driver_errors: int = 0
     bad_chunks: int = 0

@@ -102,6 +102,7 @@ class Kernel:
         self._driver_fail_run = 0
         self._now_ns = 0
         self._shield_outcome = ""
+        self._since_reset: tuple[int, int] | None = None  # (holds, ns) at the last reset
         # A simulated robot starts its first episode by itself, once the policy link is up.
         self._autostart = cfg.robot.start == "episode"
 
@@ -177,6 +178,7 @@ class Kernel:
             self.playback.queue.merge(keep, 0, 0)
             flushed = 0
         self._event("episode_reset", cause=cause, old_wep=old, new_wep=self.wep, flushed=flushed)
+        self._since_reset = (self.counters.holds, self._now_ns)
 
     # ---- the tick --------------------------------------------------------------------------
 
@@ -239,6 +241,8 @@ class Kernel:
             self._ask()
         self._shield_outcome = ""
         row = pb.pop(self.step)
+        if row is not None and self._since_reset is not None:
+            self._resumed(now_ns)
         target = self._play(row) if row is not None else self._held(self.step)
         if self._mode == "absolute" and target is not None:
             pb.queue.commanded(target)
@@ -256,6 +260,17 @@ class Kernel:
         return target
 
     # ---- pieces of the tick ----------------------------------------------------------------
+
+    def _resumed(self, now_ns: int) -> None:
+        """The first row of the episode after a reset plays: how long the robot held."""
+        assert self._since_reset is not None
+        holds, reset_ns = self._since_reset
+        self._since_reset = None
+        held = self.counters.holds - holds
+        c = self.counters
+        c.max_holds_after_reset = max(c.max_holds_after_reset, held)
+        after_ms = round((now_ns - reset_ns) / 1e6, 1)
+        self._event("resumed", held_ticks=held, t_ns=now_ns, after_ms=after_ms)
 
     def _skip_steps(self) -> bool:
         """Steps are ticks of the wall clock: an overrun's skipped deadlines are steps too, so

@@ -34,6 +34,8 @@ from robotd.shm import FrameRing
 
 log = logging.getLogger("robotd.link")
 
+PING_EVERY_S = 0.02
+
 
 class PolicySession:
     """One daemon's link to one policy worker (see the module docstring)."""
@@ -122,13 +124,15 @@ class PolicySession:
     # ---- health ------------------------------------------------------------------------------
 
     async def _watch(self) -> None:
-        """Heartbeats while up; reconnect attempts (with backoff) while gone."""
+        """Heartbeats while up; reconnect attempts (with backoff) while gone. A heartbeat
+        asks about the running episode too, so a lost copy of the policy is noticed within
+        PING_EVERY_S even when no act is in flight (a ping costs either side ~0.1 ms)."""
         hb = self.cfg.policy.heartbeat_s
         while not self._closing:
             if not self.health.is_up:
                 await self._reconnect()
                 continue
-            await anyio.sleep(hb / 4)
+            await anyio.sleep(min(hb / 4, PING_EVERY_S))
             if self.openpi is not None:
                 if not self.openpi.link.connected:
                     self.worker_gone(
