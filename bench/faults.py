@@ -211,6 +211,10 @@ def _pct(values: list[float], q: float) -> float:
     return round(float(np.percentile(values, q)), 2) if values else 0.0
 
 
+def _counts(by_ticks: dict[str, int]) -> str:
+    return ", ".join(f"{ticks}: {n}" for ticks, n in by_ticks.items())
+
+
 def main(argv: list[str] | None = None) -> int:
     args = _parse(argv)
     with tempfile.TemporaryDirectory(prefix="rbt-faults-") as tmp:
@@ -238,7 +242,7 @@ def main(argv: list[str] | None = None) -> int:
             ["episode resets", out["episode_resets"], f"== {args.kills + restarts}"],
             ["stale rows played", out["stale_rows_played"], "0"],
             ["held after a copy kill, ticks (max)", out["hold_after_loss_ticks_max"], "<= 1"],
-            ["  ticks held: kills", ", ".join(f"{k}: {v}" for k, v in out["hold_after_loss_ticks"].items()), ""],
+            ["  ticks held: kills", _counts(out["hold_after_loss_ticks"]), ""],
             ["held while the worker was away", ", ".join(map(str, got["away_holds"])), ""],
             ["resume ms p50 / p99", f"{out['resume_ms_p50']} / {out['resume_ms_p99']}",
              f"p50 <= {out['act_rtt_ms_p50']} + 2 x {out['tick_ms']}"],
