@@ -160,6 +160,9 @@ def test_rejected_rows_hold_and_a_run_latches_safety_fault():
     assert np.allclose(first, rig.pos)  # held at the anchor
     rig.tick()
     assert rig.k.machine.state == "FAULT" and rig.k.machine.fault.cause == "safety"
+    # The offending chunk was flushed as the fault latched: its cause is gone, it clears.
+    assert len(rig.k.playback.queue) == 0 and not rig.k.machine.fault.active
+    assert rig.k.command("clear_fault").state == "IDLE"
 
 
 def test_max_steps_ends_the_episode_and_reset_done_returns_to_idle():

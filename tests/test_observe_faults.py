@@ -234,6 +234,7 @@ def test_a_malformed_acknowledgement_is_warned_and_dropped(
         fake.close()
     assert needle in caplog.text
     assert up.counters.uploaded_frames == 2 and up.counters.refused_frames == 0
+    assert up.counters.unknown_acks == (needle == "unexpected reply")
 
 
 # ---------------------------------------------------------------- act replies and failures
@@ -527,3 +528,56 @@ def test_timing_samples_stay_bounded() -> None:
     assert len(counters.rtt_ms) == TIMING_SAMPLE and counters.rtt_ms.seen == TIMING_SAMPLE + 500
     assert sorted(counters.rtt_ms)[-1] >= TIMING_SAMPLE  # late values get in too
     assert np.isfinite(counters.rtt_ms.percentile(99))
+
+
+class Wayward(FakeRouter):
+    """Answers the first act late (after the client gave it up) and each request also with
+    a reply naming a request that never was."""
+
+    def __init__(self, endpoint: str) -> None:
+        super().__init__(endpoint)
+        self.held: list[tuple[bytes, dict[str, Any]]] = []
+
+    def _serve(self) -> None:
+        from robotd import wire
+
+        while not self.stop.is_set():
+            if not self.sock.poll(20):
+                continue
+            route, body = self.sock.recv_multipart()
+            msg = wire.unpackb(body)
+            self.sock.send_multipart([route, wire.packb({"id": 999_999, "ok": True})])
+            if msg.get("cmd") == "act" and not self.held:
+                self.held.append((route, msg))  # answered with the next request, too late
+                continue
+            for late_route, late in self.held:
+                self.sock.send_multipart([late_route, wire.packb({"id": late["id"], "ok": True})])
+            self.held.clear()
+            result = {}
+            if msg.get("cmd") == "hello":
+                result = {"protocol": 1, "contract": {}, "endpoints": {}, "policy": "p:W"}
+            self.sock.send_multipart(
+                [route, wire.packb({"id": msg["id"], "ok": True, "result": result})]
+            )
+
+
+def test_late_and_unknown_replies_are_dropped_and_counted(sockdir: Path) -> None:
+    fake = Wayward(f"ipc://{sockdir}/w.sock")
+    fake.start()
+
+    async def main() -> tuple[int, int]:
+        client = PolicyClient(f"ipc://{sockdir}/w.sock", timeout_s=5)
+        try:
+            await client.connect()
+            with pytest.raises(TimeoutError):
+                await client.act("W", 0, [0], [{}], timeout_s=0.3)
+            await client.end_episode("W")  # its reply comes after the late one
+            return client.late_replies, client.unknown_replies
+        finally:
+            await client.close()
+
+    try:
+        late, unknown = run(main)
+    finally:
+        fake.close()
+    assert late == 1 and unknown >= 2  # never handed to a request waiting meanwhile

@@ -234,3 +234,29 @@ def test_estop_when_the_main_process_hangs_is_confirmed_by_the_lane(
 
     wait_until(latched, 10, "the lane's e-stop to show in status")  # it was taken all the same
     client.request("clear_fault")
+
+
+def test_twenty_estops_while_the_main_process_is_stopped_crash_nothing(daemon, client):
+    """SIGSTOP the main process, e-stop straight to the lane (robotctl's fallback), SIGCONT:
+    twenty times. Each e-stop is confirmed by the lane, and the daemon goes on afterwards
+    (what the lane emitted meanwhile is taken in, late acknowledgements ignored)."""
+    import signal
+
+    from robotd.operator.client import estop_via_lane
+    from tests.daemon_util import wait_until
+
+    for i in range(20):
+        client.request("clear_fault")
+        os.kill(daemon.proc.pid, signal.SIGSTOP)
+        try:
+            got = estop_via_lane(daemon.control_endpoint, f"stopped main {i}", 5.0)
+        finally:
+            os.kill(daemon.proc.pid, signal.SIGCONT)
+        assert got["state"] == "FAULT" and got["via"] == "lane.sock"
+        # once main has taken in what the lane told it while it was stopped
+        wait_until(
+            lambda: client.request("status")["result"]["state"] == "FAULT", 10, "FAULT in status"
+        )
+    assert daemon.proc.poll() is None
+    assert client.request("clear_fault")["ok"]
+    assert client.request("status")["result"]["state"] == "IDLE"

@@ -299,6 +299,7 @@ class ObserveConnection:
             except (wire.WireError, TypeError):
                 post = None
             if post is None:
+                self.counters.unknown_acks += 1
                 self.warn("unexpected reply", f"dropped {data!r:.200} (no upload of that id)")
                 continue
             try:

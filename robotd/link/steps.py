@@ -50,6 +50,7 @@ class LinkCounters:
     inline_frames: int = 0
     refused_frames: int = 0
     reconnects: int = 0
+    unknown_acks: int = 0  # observe acknowledgements naming no upload of ours: dropped
     rtt_ms: Reservoir = field(default_factory=lambda: Reservoir(TIMING_SAMPLE))
     infer_ms: Reservoir = field(default_factory=lambda: Reservoir(TIMING_SAMPLE, seed=1))
 

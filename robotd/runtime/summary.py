@@ -85,13 +85,14 @@ class RunSummary:
         """reconnects, late_replies_dropped, unknown_replies, worker_gone_s."""
         if self.session is None:
             return {"reconnects": 0, "late_replies_dropped": 0, "unknown_replies": 0,
-                    "worker_gone_s": 0.0}  # fmt: skip
+                    "unknown_acks": 0, "worker_gone_s": 0.0}  # fmt: skip
         late, unknown = self.session.reply_counts()
         health = self.session.health.as_dict()
         return {
             "reconnects": health["reconnects"],
             "late_replies_dropped": late,
             "unknown_replies": unknown,
+            "unknown_acks": self.link.unknown_acks if self.link is not None else 0,
             "worker_gone_s": health["worker_gone_s"],
         }
 
