@@ -265,3 +265,25 @@ def test_params_set_by_the_operator_apply_from_the_next_episode(tmp_path: Path) 
             client.close()
             finish(d)
             w.stop()
+
+
+def test_a_malformed_handshake_is_final_not_retried(tmp_path: Path) -> None:
+    """A worker that answers hello wrongly will not answer better: the daemon exits 2 with
+    the field at fault, without retrying for its whole start-up deadline (30 s)."""
+    import tempfile
+
+    from tests.fake_router import FakeRouter
+
+    class BadHello(FakeRouter):
+        def reply(self, msg: dict[str, Any]) -> Any:
+            return {"id": msg.get("id"), "ok": True, "result": {"protocol": 1, "contract": 7}}
+
+    with tempfile.TemporaryDirectory(prefix="rbt-f-") as tmp:
+        fake = BadHello(f"ipc://{tmp}/w.sock")
+        fake.start()
+        try:
+            d = Daemon(tmp_path, "--worker", f"ipc://{tmp}/w.sock")
+            assert d.wait_exit(timeout=25) == 2
+        finally:
+            fake.close()
+    assert "reply to hello: field 'contract': not a map (int)" in "".join(d.log)
