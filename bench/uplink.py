@@ -303,7 +303,6 @@ async def _measure(
             cams,
             counters,
             timing="realtime",
-            refill_steps=0,
         )
         uplink.conn.sent_log = []
         link = ActLink(

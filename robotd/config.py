@@ -68,7 +68,12 @@ class ControlConfig(_Model):
     lock_memory: bool = True
     timing: Literal["sync", "realtime"] = "sync"
     clock: Literal["wall", "virtual"] = "wall"
-    refill_steps: int = Field(4, ge=0)
+    # realtime: ask when at most this many rows remain; "auto": when they fall to the
+    # predicted ask → chunk delay plus delay_margin_steps
+    refill_steps: int | Literal["auto"] = "auto"
+    # the predicted delay (rtc's d): this quantile of the recent acts' delays, >= 1 step
+    delay_quantile: float = Field(0.9, gt=0, le=1)
+    delay_margin_steps: int = Field(1, ge=0, le=1000)  # auto refill: steps on top of it
     merge: Literal["replace", "fade", "ensemble"] = "replace"
     # realtime: drop a late chunk's rows for steps already past; false = the naive baseline
     # (rows play from the chunk's start, late), for benchmarks only
@@ -88,6 +93,14 @@ class ControlConfig(_Model):
     # the main process gone: the lane holds in FAULT this long, then applies its e-stop
     # category and exits (a restarted daemon starts latched)
     orphan_s: float = Field(2.0, ge=0, le=60)
+
+    @field_validator("refill_steps", mode="before")
+    @classmethod
+    def _refill(cls, value: Any) -> Any:
+        whole = isinstance(value, int) and not isinstance(value, bool)
+        if value == "auto" or (whole and value >= 0):
+            return value
+        raise ValueError(f"must be 'auto' or an integer >= 0, got {value!r:.60}")
 
 
 class JointsConfig(_Model):

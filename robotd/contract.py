@@ -370,13 +370,16 @@ class Actions(_Model):
 
     key: the answer's field holding the rows (None: the answer itself). hz: the rate rows
     play at (> 0; None: the control rate). open_loop_horizon: at most this many rows play
-    before the next act in sync mode (>= 1; None: the whole chunk).
+    before the next act in sync mode (>= 1; None: the whole chunk). rtc: the policy takes
+    real-time chunking's frozen prefix (`infer(..., rtc=...)`); None: as its infer's
+    signature says (a keyword named `rtc`).
     """
 
     _where: ClassVar[str] = "actions"
     key: str | None = None
     hz: float | None = None
     open_loop_horizon: int | None = None
+    rtc: bool | None = None
 
     @model_validator(mode="after")
     def _check(self) -> Actions:

@@ -80,7 +80,7 @@ def test_gripper_must_be_a_joint(tmp_path):
 
 
 def test_literal_rule(tmp_path):
-    path = write(tmp_path, SIM.replace('timing = "sync"', 'timing = "fast"'))
+    path = write(tmp_path, SIM.replace('timing = "realtime"', 'timing = "fast"'))
     with pytest.raises(
         ConfigError, match=r"control\.timing: must be one of 'sync' or 'realtime', got 'fast'"
     ):
@@ -135,7 +135,7 @@ def test_cli_check_reports_config_errors(tmp_path, capsys):
 
 def test_blending_needs_realtime_aligned_timing():
     with pytest.raises(ConfigError, match=r"control\.merge: 'fade' blends chunks in realtime"):
-        load_config(None, ['control.merge="fade"'])
+        load_config(None, ['control.timing="sync"', 'control.merge="fade"'])
     with pytest.raises(ConfigError, match="not with aligned = false"):
         load_config(
             None, ['control.timing="realtime"', 'control.merge="ensemble"', "control.aligned=false"]

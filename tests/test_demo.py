@@ -15,7 +15,7 @@ import pytest
 
 from drivers.sim import geometry as g
 from robotd import wire
-from robotd.contract import Actions, Observations, Stream
+from robotd.contract import Actions, Camera, Observations, Stream
 from robotd.demo import DotFollower
 from robotd.link.client import PolicyClient
 from robotd.worker.server import serve
@@ -52,12 +52,14 @@ def tips(rows: np.ndarray) -> np.ndarray:
 
 
 def test_contract_is_declared_per_instance() -> None:
+    camera = Camera(width=224, height=224, resize="pad", codec="jpeg", quality=90)
     assert DotFollower.observations == Observations(
-        streams={"top": Stream(at=[-3, 0]), "joints.pos": Stream()}
+        streams={"top": Stream(at=[-3, 0], camera=camera), "joints.pos": Stream()}
     )
     policy = DotFollower(lookback=5, hz=15.0, horizon=12)
     assert policy.observations.streams["top"].at == [-5, 0]
-    assert policy.actions == Actions(hz=15.0, open_loop_horizon=8)
+    assert policy.actions == Actions(hz=15.0, open_loop_horizon=8, rtc=False)
+    assert DotFollower(rtc=True).actions.rtc is True
 
 
 def test_tip_follows_a_dot_moving_in_a_straight_line() -> None:
@@ -185,6 +187,90 @@ def test_served_demo_answers_like_the_policy() -> None:
         assert hello.observations == DotFollower.observations
         result = await client.act("demo", 10, inputs["steps"], inputs["observations"])
         np.testing.assert_allclose(result.actions, DotFollower(horizon=5).infer(inputs))
+        await client.close()
+
+    try:
+        assert listening.wait(10)
+        anyio.run(main, backend_options={"use_uvloop": True})
+    finally:
+        stop.set()
+        server.join(10)
+        shutil.rmtree(sockdir, ignore_errors=True)
+    assert not server.is_alive()
+
+
+def test_letterboxed_jpeg_frames_as_declared_map_back_to_the_world() -> None:
+    """The frame the robot fits and encodes for the declared camera (224 x 224, pad, JPEG)
+    still places the dot where it is: the letterbox is undone, JPEG's colours tolerated."""
+    from robotd.frames import decode, fit_and_encode, to_wire
+    from robotd.worker.demo import CAMERA
+
+    policy = DotFollower()
+    for p in (np.array([1.0, 0.6]), np.array([0.45, 0.15]), np.array([1.35, 0.85])):
+        enc = fit_and_encode(frame(p), CAMERA, name="top")
+        assert enc.codec == "jpeg" and enc.nbytes() * 40 < W * H * 3  # vs a raw 640 x 480
+        found = policy.find_dot(decode(to_wire(enc), name="top"))
+        assert found is not None and np.linalg.norm(found - p) < 3 * PIXEL * W / 224
+
+
+def _plan_and_prefix(offset: float, p: int = 4) -> tuple[np.ndarray, np.ndarray]:
+    plan = np.stack([np.linspace(0, 1, 20), np.linspace(1, 0, 20), np.zeros(20)], axis=1)
+    prefix = plan[:p] + np.array([offset, -offset / 2, 0.0])
+    return plan, prefix
+
+
+@pytest.mark.parametrize("offset", [0.0, 0.02, 0.1, 0.5])
+def test_rtc_continues_the_prefix_and_blends_by_at_most_blend_step_a_row(offset: float) -> None:
+    policy = DotFollower(rtc=True, blend_step=0.03)
+    plan, prefix = _plan_and_prefix(offset)
+    out = policy.continue_prefix(plan, prefix)
+    assert np.array_equal(out[:4], prefix)  # the frozen rows, exactly
+    extra = np.diff(out - plan, axis=0)[3:]  # what the blend adds to each step from the seam on
+    assert (np.abs(extra) <= 0.03 + 1e-12).all()
+    rows = math.ceil(offset / 0.03 - 1e-9) - 1 if offset else 0
+    assert np.array_equal(out[4 + max(0, rows) :], plan[4 + max(0, rows) :])  # then its own plan
+
+
+def test_rtc_is_used_only_when_asked_for() -> None:
+    p0, p1 = np.array([1.0, 0.5]), np.array([1.02, 0.49])
+    inputs = window(10, 3, p0, p1, np.array([*g.inverse(p1), 0.1]))
+    plain_rows = DotFollower(horizon=8).infer(inputs)
+    prefix = plain_rows[:3] + 0.2
+    rtc = {"delay": 3, "prefix": prefix, "rest": np.zeros((0, 3))}
+    np.testing.assert_array_equal(DotFollower(horizon=8).infer(inputs, rtc=rtc), plain_rows)
+    out = DotFollower(horizon=8, rtc=True).infer(inputs, rtc=rtc)
+    assert np.array_equal(out[:3], prefix) and not np.array_equal(out, plain_rows)
+    empty = {"delay": 3, "prefix": np.zeros((0, 3)), "rest": np.zeros((0, 3))}
+    out = DotFollower(horizon=8, rtc=True).infer(inputs, rtc=empty)
+    np.testing.assert_array_equal(out, plain_rows)
+
+
+def test_served_rtc_demo_declares_rtc_and_is_handed_the_prefix() -> None:
+    sockdir = Path(tempfile.mkdtemp(prefix="robotd-demo-"))
+    bound: list[str] = []
+    listening, stop = threading.Event(), threading.Event()
+
+    def ready(endpoint: str) -> None:
+        bound.append(endpoint)
+        listening.set()
+
+    server = threading.Thread(
+        target=serve,
+        args=("robotd.demo:DotFollower", f"ipc://{sockdir}/w.sock"),
+        kwargs={"policy_kwargs": {"horizon": "6", "rtc": "true"}, "ready": ready, "stop": stop},
+    )
+    server.start()
+    p1 = np.array([1.02, 0.49])
+    inputs = window(10, 3, p1, p1, np.array([*g.inverse(p1), 0.1]))
+    prefix = np.full((2, 3), 0.25)
+    rtc = {"delay": 2, "prefix": prefix, "rest": np.full((1, 3), 0.3)}
+
+    async def main() -> None:
+        client = PolicyClient(bound[0], timeout_s=10)
+        hello = await client.connect()
+        assert hello.actions is not None and hello.actions.rtc is True
+        result = await client.act("demo", 10, inputs["steps"], inputs["observations"], rtc=rtc)
+        np.testing.assert_array_equal(result.actions[:2], prefix)
         await client.close()
 
     try:

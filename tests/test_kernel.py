@@ -18,7 +18,8 @@ class Rig:
     """A kernel with a recorder for what it emits and a clock in ticks."""
 
     def __init__(self, *overrides: str) -> None:
-        self.cfg = load_config(None, list(overrides))
+        # sync timing unless a test says otherwise (config/sim.toml runs realtime)
+        self.cfg = load_config(None, ['control.timing="sync"', *overrides])
         self.out: list[dict] = []
         self.k = Kernel(self.cfg, run_id="t", emit=lambda m: self.out.append(plain(m)))
         self.t = 0

@@ -39,6 +39,7 @@ from robotd.lane.messages import (
     Ready,
     Reply,
     Rows,
+    Rtc,
     Shutdown,
     Stats,
     Status,
@@ -59,13 +60,17 @@ DOWN = [
     EpisodeLost("copy killed by SIGKILL"),
     Contract(8),
     Contract(None),
+    Contract(None, rtc=True),
     Shutdown(),
 ]
 UP = [
     Step(1, "w-1", 3, 99, [0.1, 0.2], [0.0, 0.0], {"top": (5, 98), "wrist": None}, True),
     Step(1, "w-1", 4, 99, [0.1], [0.0], {}, False, True, {"tracking_error": 0.1}, [0.3], True),
     Ask(4, "w-1", 9, 1, 2),
+    Ask(5, "w-1", 9, 1, 2, Rtc(3, Rows.of(np.ones((2, 3))), Rows.of(np.zeros((1, 3))))),
+    Ask(6, "w-1", 0, 1, 0, Rtc(1)),
     Merged(4, "w-1", 9, 12, 16, 3, False),
+    Merged(4, "w-1", 9, 12, 16, 3, False, 7),
     STATUS,
     Stats(
         Counters(ticks=5),
@@ -133,6 +138,22 @@ MALFORMED = [
 def test_malformed_down_messages_are_refused_with_a_named_reason(data: bytes, reason: str) -> None:
     with pytest.raises(codec.LaneError, match=None) as info:
         codec.decode_down(data)
+    assert reason in str(info.value)
+
+
+@pytest.mark.parametrize(
+    ("rtc", "reason"),
+    [
+        ({"delay": 0}, "`$.rtc.delay`"),
+        ({"delay": 5000}, "`$.rtc.delay`"),
+        ({"delay": 2, "prefix": [0, 3, b""]}, "`$.rtc.prefix[0]`"),
+        ({"delay": 2, "frozen": 1}, "unknown field `frozen`"),
+    ],
+)
+def test_malformed_rtc_of_an_ask_is_refused_with_a_named_reason(rtc: dict, reason: str) -> None:
+    msg = {"k": "ask", "id": 1, "wep": "w", "s": 0, "ep": 1, "queue": 0, "rtc": rtc}
+    with pytest.raises(codec.LaneError) as info:
+        codec.decode_up(raw(msg))
     assert reason in str(info.value)
 
 

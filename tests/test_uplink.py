@@ -135,7 +135,14 @@ def reader(robot: Robot) -> StepReader:
 def merged(d: dict[str, Any]) -> Merged:
     """A merge report from the fields a test names (the rest as a plain merge has them)."""
     return Merged(
-        0, d["wep"], d["from"], d["at"], d["rows"], d.get("dropped", 0), d.get("stale", False)
+        0,
+        d["wep"],
+        d["from"],
+        d["at"],
+        d["rows"],
+        d.get("dropped", 0),
+        d.get("stale", False),
+        d.get("refill", 0),
     )
 
 
@@ -245,7 +252,7 @@ def test_sync_uploads_exactly_what_the_acts_read_each_once_ahead(
 def test_realtime_predicts_from_the_merged_queue(sockdir: Path, robot: Robot) -> None:
     plan = planner(cam=Stream(at=[-4, 0]))
     fake = FakeObserve(f"ipc://{sockdir}/o.sock")
-    up = make_uplink(f"ipc://{sockdir}/o.sock", plan, robot, timing="realtime", refill_steps=2)
+    up = make_uplink(f"ipc://{sockdir}/o.sock", plan, robot, timing="realtime")
 
     async def main() -> None:
         async with anyio.create_task_group() as tg:
@@ -258,7 +265,8 @@ def test_realtime_predicts_from_the_merged_queue(sockdir: Path, robot: Robot) ->
                 await settle()
             # The chunk from step 0 (10 rows) merges at step 3: 3 rows dropped, 7 queued,
             # so the next ask comes when 2 remain: at step 3 + 5 = 8, reading steps 4 and 8.
-            up.on_chunk(merged({"wep": "W", "from": 0, "at": 3, "rows": 10, "dropped": 3}))
+            report = {"wep": "W", "from": 0, "at": 3, "rows": 10, "dropped": 3, "refill": 2}
+            up.on_chunk(merged(report))
             for s in range(4, 9):
                 up.on_step(robot.step("W", s))
                 await settle()

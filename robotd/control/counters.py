@@ -30,6 +30,7 @@ class Counters(msgspec.Struct, forbid_unknown_fields=True):
     bad_messages: int = 0  # lane messages refused as malformed
     skipped_steps: int = 0  # steps whose tick an overrun skipped (nothing read, nothing played)
     stale_rows_played: int = 0  # realtime: rows played after the step they were meant for
+    delay_overruns: int = 0  # realtime: answers later than the delay their act predicted
 
 
 class QueueCounters(msgspec.Struct, forbid_unknown_fields=True):

@@ -20,6 +20,7 @@ import numpy as np
 from drivers.base import JointState
 from robotd.config import Config
 from robotd.control.counters import Counters
+from robotd.control.delay import DelayPredictor
 from robotd.control.episode import CommandRefused, EpisodeMachine, State
 from robotd.control.latch import FaultLatch
 from robotd.control.playback import Chunk, Playback
@@ -86,7 +87,13 @@ class Kernel:
             event=self._event,
         )
         self.shield = _shield(cfg, self.dt)
-        self.playback = Playback(_queue_config(cfg), dt=self.dt, counters=self.counters, emit=emit)
+        self.playback = Playback(
+            _queue_config(cfg),
+            dt=self.dt,
+            counters=self.counters,
+            emit=emit,
+            delay=DelayPredictor(cfg.control.delay_quantile, cfg.control.delay_margin_steps),
+        )
         self.recorder = StepRecorder(
             {name: int(cam.max_age_ms * 1e6) for name, cam in cfg.cameras.items()}
         )
@@ -149,9 +156,10 @@ class Kernel:
             self.task,
         )
 
-    def set_contract(self, open_loop_horizon: int | None) -> None:
-        """The worker's action contract: sync plays at most this many rows of a chunk."""
-        self.playback.configure(open_loop_horizon)
+    def set_contract(self, open_loop_horizon: int | None, rtc: bool = False) -> None:
+        """The worker's action contract: sync plays at most this many rows of a chunk;
+        `rtc`: the policy takes each act's frozen prefix, which the merge then keeps."""
+        self.playback.configure(open_loop_horizon, rtc)
         if self._autostart:
             self._autostart = False
             self._start_episode()

@@ -5,6 +5,14 @@ the start of the next tick, aligned by step; answers to any other ask (an episod
 that changed meanwhile, a late reply) are discarded and counted. Rows come out one
 per tick with `pop`. A failed act waits half a second before the next ask, so a
 dead worker is not hammered every tick.
+
+Real-time chunking: every realtime aligned ask carries the predicted delay d
+(robotd.control.delay) and the frozen prefix, the queued rows for steps s … s+d−1 (and
+the rest of the queue apart). With a contract that says the policy takes them, those
+rows are promised: no merge changes a row for a step before the furthest prefix handed
+out. An answer merged at t > s + d was later than predicted: counted in
+`delay_overruns`. With `refill_steps = "auto"` the next act is asked when the rows left
+fall to the predicted delay plus a margin.
 """
 
 from __future__ import annotations
@@ -16,8 +24,9 @@ from typing import Any
 import numpy as np
 
 from robotd.control.counters import AskLatency, Counters
+from robotd.control.delay import DelayPredictor
 from robotd.control.queue import ActionQueue, QueueConfig
-from robotd.lane.messages import Ask, Event, Merged
+from robotd.lane.messages import Ask, Event, Merged, Rows, Rtc
 
 Emit = Callable[[Any], None]
 RETRY_AFTER_S = 0.5
@@ -36,22 +45,38 @@ class Chunk:
 class Playback:
     """Owns the ActionQueue and the act in flight; the kernel calls it once a tick."""
 
-    def __init__(self, qcfg: QueueConfig, *, dt: float, counters: Counters, emit: Emit) -> None:
+    def __init__(
+        self,
+        qcfg: QueueConfig,
+        *,
+        dt: float,
+        counters: Counters,
+        emit: Emit,
+        delay: DelayPredictor | None = None,
+    ) -> None:
         self._qcfg = qcfg
         self.queue = ActionQueue(qcfg)
         self.dt = dt
         self.counters = counters
         self.emit = emit
         self.ask_latency = AskLatency()
+        self.delay = delay or DelayPredictor()
+        self.rtc = False  # the policy takes the frozen prefix: the merge keeps it
+        self._rtc_acts = qcfg.timing == "realtime" and qcfg.aligned
         self.in_flight: int | None = None  # ask id
         self._ask_id = 0
         self._ask_ns = 0
+        self._ask_delay = 0  # the delay the act in flight predicted (0: none)
+        self._frozen_until = 0  # no merge changes a queued row for a step before this
         self._retry_at_tick = 0
         self._pending: list[Chunk] = []
 
-    def configure(self, open_loop_horizon: int | None) -> None:
-        """The worker's action contract: sync plays at most this many rows of a chunk."""
+    def configure(self, open_loop_horizon: int | None, rtc: bool = False) -> None:
+        """The worker's action contract: sync plays at most this many rows of a chunk;
+        `rtc`: the policy takes the frozen prefix (the merge keeps it)."""
         self.queue.flush()
+        self._frozen_until = 0
+        self.rtc = rtc
         self._qcfg = replace(self._qcfg, open_loop_horizon=open_loop_horizon)
         self.queue = ActionQueue(self._qcfg)
 
@@ -59,7 +84,13 @@ class Playback:
         """A new (worker-side) episode: nothing queued, nothing in flight. Returns rows flushed."""
         self.in_flight = None
         self._pending.clear()
+        self._frozen_until = 0
         return self.queue.flush(keep_seam=keep_seam)
+
+    def refill(self) -> int:
+        """Realtime: the next act is asked when at most this many rows remain."""
+        fixed = self._qcfg.refill_steps
+        return self.delay.refill() if fixed == "auto" else fixed
 
     def deliver(self, chunk: Chunk) -> None:
         """A chunk arrived; it is merged at the start of the next tick."""
@@ -75,7 +106,9 @@ class Playback:
         return True
 
     def should_ask(self, tick: int) -> bool:
-        return tick >= self._retry_at_tick and self.queue.should_ask(self.in_flight is not None)
+        if tick < self._retry_at_tick:
+            return False
+        return self.queue.should_ask(self.in_flight is not None, self.refill())
 
     def ask(self, *, wep: str, step: int, episode: int, now_ns: int) -> Ask:
         """Put an act in flight; returns the ask message (the caller emits it)."""
@@ -83,7 +116,19 @@ class Playback:
         self.in_flight = self._ask_id
         self._ask_ns = now_ns
         self.counters.acts += 1
-        return Ask(self._ask_id, wep, step, episode, len(self.queue))
+        rtc = self._rtc(step) if self._rtc_acts else None
+        return Ask(self._ask_id, wep, step, episode, len(self.queue), rtc)
+
+    def _rtc(self, step: int) -> Rtc:
+        """The act's predicted delay and its frozen prefix (promised, with an rtc contract)."""
+        d = self._ask_delay = self.delay.predict()
+        ahead = self.queue.ahead(step)
+        n = min(d, ahead.shape[0])
+        if self.rtc:
+            self._frozen_until = max(self._frozen_until, step + n)
+        prefix = Rows.of(ahead[:n]) if n else None
+        rest = Rows.of(ahead[n:]) if ahead.shape[0] > n else None
+        return Rtc(d, prefix, rest)
 
     def merge_pending(self, *, wep: str, step: int, now_ns: int) -> None:
         """Merge the answer to the act in flight, if it came; discard any other."""
@@ -102,13 +147,18 @@ class Playback:
         if rows.ndim != 2 or rows.shape[1] != dim or rows.shape[0] == 0:
             self._bad(chunk, f"rows of shape {list(rows.shape)}; this robot needs (H >= 1, {dim})")
             return
+        keep = self._frozen_until if self.rtc else None
         try:
-            result = self.queue.merge(rows, chunk.step, step)
+            result = self.queue.merge(rows, chunk.step, step, keep_before=keep)
         except ValueError as exc:  # NaN/inf or non-numeric rows: refused whole, hold
             self._bad(chunk, str(exc)[:200])
             return
         self.counters.chunks += 1
-        self.ask_latency.add(step - chunk.step, now_ns - self._ask_ns)
+        took = step - chunk.step
+        if self._ask_delay and took > self._ask_delay:
+            self.counters.delay_overruns += 1
+        self.ask_latency.add(took, now_ns - self._ask_ns)
+        self.delay.add(took)
         self.emit(
             Merged(
                 chunk.ask_id,
@@ -118,6 +168,7 @@ class Playback:
                 int(rows.shape[0]),
                 result.dropped,
                 result.stale,
+                self.refill() if self._qcfg.timing == "realtime" else 0,
             )
         )
 

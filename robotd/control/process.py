@@ -166,7 +166,7 @@ class ControlLane:
         elif isinstance(msg, EpisodeLost):
             k.episode_lost(msg.cause)
         elif isinstance(msg, Contract):
-            k.set_contract(msg.open_loop_horizon)
+            k.set_contract(msg.open_loop_horizon, msg.rtc)
         elif isinstance(msg, Shutdown):
             self.stop.set()
 

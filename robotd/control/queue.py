@@ -30,6 +30,11 @@ Merge modes (realtime aligned only; sync and naive always replace):
   ``sum_i w_i * a_i / sum_i w_i`` with ``w_i = exp(-ensemble_decay * i)``, ``i = 0`` the
   oldest such chunk. Gripper dims are never averaged: the newest covering chunk's value plays.
 
+Frozen rows (real-time chunking): ``merge(..., keep_before=f)`` leaves the queued rows meant
+for steps before ``f`` exactly as they are (they were promised to a policy as its frozen
+prefix); the chunk's own rows for those steps are dropped, and in every mode the chunk takes
+effect from ``max(now_step, f)`` on (fade blends from the last kept row).
+
 Hot path: :meth:`pop` does no array allocation (it copies one row into a preallocated buffer);
 all allocation happens in :meth:`merge`, once per chunk.
 """
@@ -56,7 +61,9 @@ class QueueConfig:
     dim: int
     timing: Timing = "sync"
     open_loop_horizon: int | None = None  # sync: play at most this many rows of a chunk; None = all
-    refill_steps: int = 4  # realtime: ask when at most this many rows remain (and no act in flight)
+    # realtime: ask when at most this many rows remain (and no act in flight); "auto": the
+    # caller passes its predicted delay to should_ask
+    refill_steps: int | Literal["auto"] = 4
     merge: MergeMode = "replace"
     fade_steps: int = 5
     ensemble_decay: float = 0.1  # weight_i = exp(-decay * i), i = 0 the oldest chunk
@@ -75,8 +82,10 @@ class QueueConfig:
             not _is_int(self.open_loop_horizon) or self.open_loop_horizon < 1
         ):
             raise bad("open_loop_horizon", "must be None or an integer >= 1")
-        if not _is_int(self.refill_steps) or self.refill_steps < 0:
-            raise bad("refill_steps", "must be an integer >= 0")
+        if self.refill_steps != "auto" and (
+            not _is_int(self.refill_steps) or self.refill_steps < 0  # type: ignore[operator]
+        ):
+            raise bad("refill_steps", "must be 'auto' or an integer >= 0")
         if self.merge not in get_args(MergeMode):
             raise bad("merge", f"must be one of {get_args(MergeMode)}")
         if not _is_int(self.fade_steps) or self.fade_steps < 1:
@@ -166,23 +175,40 @@ class ActionQueue:
         view.flags.writeable = False
         return view
 
-    def should_ask(self, in_flight: bool) -> bool:
+    def ahead(self, step: int) -> np.ndarray:
+        """The queued rows that will play from ``step`` on, next first (read-only view, valid
+        until the next merge): realtime aligned skips rows meant for earlier steps; sync and
+        naive realtime play in order, so it is every queued row."""
+        skip = max(0, min(step - self._front, len(self))) if self._aligned_rt else 0
+        view = self._rows[self._head + skip :]
+        view.flags.writeable = False
+        return view
+
+    def should_ask(self, in_flight: bool, refill: int | None = None) -> bool:
         """Whether to ask the policy for a chunk now.
 
-        sync: the queue is empty and no act is in flight; realtime: at most ``refill_steps``
-        rows remain and no act is in flight.
+        sync: the queue is empty and no act is in flight; realtime: at most ``refill`` rows
+        remain (default ``refill_steps``, which "auto" leaves to the caller) and no act is in
+        flight.
         """
         if in_flight:
             return False
         if self.cfg.timing == "sync":
             return len(self) == 0
-        return len(self) <= self.cfg.refill_steps
+        if refill is None:
+            if self.cfg.refill_steps == "auto":
+                raise ValueError("ActionQueue.should_ask: refill_steps 'auto' needs refill")
+            refill = self.cfg.refill_steps
+        return len(self) <= refill
 
     # ------------------------------------------------------------------ merging
-    def merge(self, chunk: np.ndarray, from_step: int, now_step: int) -> MergeResult:
+    def merge(
+        self, chunk: np.ndarray, from_step: int, now_step: int, keep_before: int | None = None
+    ) -> MergeResult:
         """Merge ``chunk`` (H x dim) computed from ``from_step``, arriving before the action of
-        ``now_step`` is chosen. Raises ValueError on a bad chunk or bad steps (queue unchanged).
-        """
+        ``now_step`` is chosen; realtime aligned keeps the queued rows for steps before
+        ``keep_before`` (frozen). Raises ValueError on a bad chunk or bad steps (queue
+        unchanged)."""
         rows = self._validate_chunk(chunk)
         from_step, now_step = self._check_merge_steps(from_step, now_step)
         self.counters.chunks += 1
@@ -200,14 +226,23 @@ class ActionQueue:
             return MergeResult(dropped=height, stale=True, played_from=height)
         self.counters.merge_dropped += drop
         self._discard_before(now_step)
-        fresh = rows[drop:]
+        # rows kept as they are (frozen), then the chunk from the step after them
+        keep = min(max(0, (keep_before or 0) - now_step), len(self))
+        cut = drop + keep
+        fresh = rows[cut:]
         if self.cfg.merge == "ensemble":
-            self._ensemble(fresh, now_step)
+            self._ensemble(fresh, now_step, keep)
+        elif keep:
+            kept = self._rows[self._head : self._head + keep]
+            if self.cfg.merge == "fade" and fresh.shape[0]:
+                self._fade(fresh, kept[-1])
+            self.counters.replaced_rows += len(self) - keep
+            self._install(np.concatenate([kept, fresh]), now_step)
         else:
             if self.cfg.merge == "fade" and self._has_last:
-                self._fade(fresh)
+                self._fade(fresh, self._last)
             self._replace(fresh, now_step)
-        return MergeResult(dropped=drop, stale=False, played_from=drop)
+        return MergeResult(dropped=drop, stale=False, played_from=min(cut, height))
 
     def _replace(self, rows: np.ndarray, front_step: int) -> None:
         self.counters.replaced_rows += len(self)
@@ -218,34 +253,38 @@ class ActionQueue:
         self._head = 0
         self._front = front_step
 
-    def _fade(self, fresh: np.ndarray) -> None:
-        """Blend ``last_played - fresh[0]`` out over the first ``fade_steps - 1`` rows, in place."""
-        offset = np.where(self._blend, self._last - fresh[0], 0.0)
+    def _fade(self, fresh: np.ndarray, seam: np.ndarray) -> None:
+        """Blend ``seam - fresh[0]`` out over the first ``fade_steps - 1`` rows, in place
+        (``seam``: the last row played, or the last frozen row kept before ``fresh``)."""
+        offset = np.where(self._blend, seam - fresh[0], 0.0)
         n = min(fresh.shape[0], self._fade_w.shape[0])
         fresh[:n] += self._fade_w[:n] * offset
 
-    def _ensemble(self, fresh: np.ndarray, now_step: int) -> None:
-        """Fold ``fresh`` (rows for steps now_step, now_step+1, ...) into the running means.
+    def _ensemble(self, fresh: np.ndarray, now_step: int, keep: int = 0) -> None:
+        """Fold ``fresh`` (rows for steps now_step + keep, ...) into the running means; the
+        first ``keep`` queued rows (frozen) stay exactly as they are.
 
         After _discard_before(now_step) the queue, if not empty, starts exactly at now_step
         (steps only move forwards), so old and new rows line up index by index.
         """
         head, old, new = self._head, len(self), fresh.shape[0]
-        size = max(old, new)
+        size = max(old, keep + new)
         wsum = np.zeros((size, self.cfg.dim))
         wtot = np.zeros(size)
         count = np.zeros(size, dtype=np.int64)
         wsum[:old] = self._wsum[head:]
         wtot[:old] = self._wtot[head:]
         count[:old] = self._count[head:]
-        weight = np.exp(-self.cfg.ensemble_decay * count[:new])
-        wsum[:new] += weight[:, None] * fresh
-        wtot[:new] += weight
-        count[:new] += 1
+        span = slice(keep, keep + new)
+        weight = np.exp(-self.cfg.ensemble_decay * count[span])
+        wsum[span] += weight[:, None] * fresh
+        wtot[span] += weight
+        count[span] += 1
         rows = wsum / wtot[:, None]
         if self._grip.size:
-            rows[:new, self._grip] = fresh[:, self._grip]
-            rows[new:, self._grip] = self._rows[head + new : head + old, self._grip]
+            rows[:old, self._grip] = self._rows[head : head + old, self._grip]
+            rows[span, self._grip] = fresh[:, self._grip]
+        rows[:keep] = self._rows[head : head + keep]  # bit for bit
         self._wsum, self._wtot, self._count = wsum, wtot, count
         self._install(rows, now_step)
 

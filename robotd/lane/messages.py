@@ -113,9 +113,12 @@ class EpisodeLost(_Msg, tag="episode_lost"):
 
 
 class Contract(_Msg, tag="contract"):
-    """The action contract in force: sync plays at most this many rows of a chunk."""
+    """The action contract in force: sync plays at most `open_loop_horizon` rows of a
+    chunk; `rtc`: the policy is handed each act's frozen prefix (Ask.rtc), so the merge
+    keeps those rows as they are, whatever the answer holds for their steps."""
 
     open_loop_horizon: Annotated[int, msgspec.Meta(ge=1)] | None = None
+    rtc: bool = False
 
 
 class Shutdown(_Msg, tag="stop"):
@@ -162,19 +165,33 @@ class Step(_Msg, tag="step"):
     shield: Literal["", "clipped", "clamped", "rejected"] = ""
 
 
+class Rtc(msgspec.Struct, forbid_unknown_fields=True):
+    """Real-time chunking for one act asked at step s: `delay` d, the steps its answer is
+    predicted to take (>= 1); `prefix`, the queued rows that will play at steps s, s+1, ...
+    while it computes (at most d of them; fewer when fewer are queued; None: none); `rest`,
+    the queued rows after them (the remainder of the chunk playing now, not frozen)."""
+
+    delay: Annotated[int, msgspec.Meta(ge=1, le=MAX_ROWS)]
+    prefix: Rows | None = None
+    rest: Rows | None = None
+
+
 class Ask(_Msg, tag="ask"):
-    """Act `id`: a chunk computed from step `s`, asked with `queue` rows left."""
+    """Act `id`: a chunk computed from step `s`, asked with `queue` rows left; `rtc` (every
+    realtime aligned act) the predicted delay and the frozen prefix."""
 
     id: int
     wep: Ident
     s: Step_
     ep: int
     queue: int
+    rtc: Rtc | None = None
 
 
 class Merged(_Msg, tag="merged"):
     """The chunk answering ask `ask` (computed from `from_step`) was merged at step `at`:
-    `rows` rows, `dropped` of them already past, `stale` when all were."""
+    `rows` rows, `dropped` of them already past, `stale` when all were. `refill`: realtime,
+    the next act is asked when at most this many rows remain (the uplink's prediction)."""
 
     ask: int
     wep: Ident
@@ -183,6 +200,7 @@ class Merged(_Msg, tag="merged"):
     rows: int
     dropped: int
     stale: bool
+    refill: Annotated[int, msgspec.Meta(ge=0)] = 0
 
 
 class Fault(msgspec.Struct, forbid_unknown_fields=True):

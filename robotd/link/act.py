@@ -22,6 +22,7 @@ from robotd.lane.messages import ActFailed, Ask, ChunkRows, Rows
 from robotd.link.chunks import ChunkLimits, ChunkRefused, prepare
 from robotd.link.client import ActResult, PolicyClient, PolicyError
 from robotd.link.replies import episode_lost
+from robotd.link.rtc import RtcRefused, rtc_request
 from robotd.link.steps import FrameLost, LinkCounters, StepReader
 from robotd.link.windows import Window, WindowPlanner, assemble
 
@@ -43,6 +44,7 @@ class _Ask:
     prev: int | None  # the act before it (restored if this one never reaches the policy)
     asked: float  # perf_counter when the ask was taken up
     inputs: dict[str, list[Any]] | None = None  # assembled here when sent inline
+    rtc: dict[str, Any] | None = None  # the frozen prefix, in the policy's time base
 
 
 class ActLink:
@@ -93,6 +95,7 @@ class ActLink:
             return None
         self._prev_act[wep] = step  # (taken back in _settle if the act never reaches it)
         try:
+            a.rtc = rtc_request(ask.rtc, self.actions, self.control_hz, self.limits.dim)
             if self.uplink is not None:
                 self.uplink.on_ask(wep, step, ask.queue)
                 self.uplink.ensure(wep, a.window.needed())
@@ -102,6 +105,8 @@ class ActLink:
         except FrameLost as exc:
             self.counters.skipped_frames += 1
             reason = f"window incomplete: {exc}"
+        except RtcRefused as exc:
+            reason = f"cannot prepare the act: {exc}"
         except Exception as exc:  # a bug must not leave the ask unanswered
             log.exception("ask %d at step %d: cannot prepare the act", ask_id, step)
             reason = f"cannot prepare the act: {type(exc).__name__}: {exc}"
@@ -148,7 +153,7 @@ class ActLink:
     async def _act(self, a: _Ask) -> ActResult:
         if a.inputs is not None:
             return await self.client.act(
-                a.wep, a.step, list(a.inputs["steps"]), a.inputs["observations"]
+                a.wep, a.step, list(a.inputs["steps"]), a.inputs["observations"], rtc=a.rtc
             )
         return await self._act_named(a)
 
@@ -184,6 +189,7 @@ class ActLink:
                         release_below=below,
                         wait_s=self.stream_wait_s,
                         timeout_s=timeout,
+                        rtc=a.rtc,
                     )
                     break
                 except PolicyError as exc:

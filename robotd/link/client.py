@@ -100,19 +100,21 @@ class PolicyClient:
         observations: list[dict[str, Any]],
         *,
         timeout_s: float | None = None,
+        rtc: dict[str, Any] | None = None,
     ) -> ActResult:
-        """Ask for a chunk computed from `step`; `steps`/`observations` are the window."""
+        """Ask for a chunk computed from `step`; `steps`/`observations` are the window;
+        `rtc` the frozen prefix (robotd.link.rtc), sent when given."""
+        message: dict[str, Any] = {
+            "cmd": "act",
+            "episode": episode,
+            "step": step,
+            "steps": list(steps),
+            "observations": list(observations),
+        }
+        if rtc is not None:
+            message["rtc"] = rtc
         started = time.perf_counter()
-        result = await self._request(
-            {
-                "cmd": "act",
-                "episode": episode,
-                "step": step,
-                "steps": list(steps),
-                "observations": list(observations),
-            },
-            self.timeout_s if timeout_s is None else timeout_s,
-        )
+        result = await self._request(message, self.timeout_s if timeout_s is None else timeout_s)
         rtt_ms = (time.perf_counter() - started) * 1e3
         return parse_act_result(result, episode, step, rtt_ms)
 
@@ -127,12 +129,14 @@ class PolicyClient:
         release_below: int | None = None,
         wait_s: float | None = None,
         timeout_s: float | None = None,
+        rtc: dict[str, Any] | None = None,
     ) -> ActResult:
         """Ask for a chunk computed from `step`, naming the window (`reads[i]`: the keys read
         at `steps[i]`) that the worker holds from uploads; `inline` carries uploads
         ({"step", "values", "frames"}) the worker lacks. `release_below`: no later act of
         the episode reads steps below it. `wait_s`: how long the worker waits for missing
-        steps before answering PolicyError "missing_steps" (see PolicyError.missing)."""
+        steps before answering PolicyError "missing_steps" (see PolicyError.missing).
+        `rtc`: the frozen prefix, as for `act`."""
         message: dict[str, Any] = {
             "cmd": "act",
             "episode": episode,
@@ -146,6 +150,8 @@ class PolicyClient:
             message["release_below"] = release_below
         if wait_s is not None:
             message["wait_s"] = wait_s
+        if rtc is not None:
+            message["rtc"] = rtc
         started = time.perf_counter()
         result = await self._request(message, self.timeout_s if timeout_s is None else timeout_s)
         rtt_ms = (time.perf_counter() - started) * 1e3

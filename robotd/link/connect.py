@@ -219,7 +219,6 @@ def make_uplink(
         counters,
         timing=c.timing,
         open_loop_horizon=olh,
-        refill_steps=c.refill_steps,
         merge=c.merge,
         limits=limits,
         when_behind=obs.when_behind if obs is not None else "wait",

@@ -23,7 +23,7 @@ import anyio
 import anyio.abc
 
 from robotd.config import Config
-from robotd.contract import ContractError
+from robotd.contract import Actions, ContractError
 from robotd.lane.messages import ActFailed, Ask, Contract, EpisodeLost, Merged, Step
 from robotd.link.client import Handshake, PolicyError
 from robotd.link.connect import PolicyLink, StartupError, build_link, connect_policy, hello_once
@@ -65,7 +65,7 @@ class PolicySession:
         self._uplink_scope: anyio.CancelScope | None = None
         self._wep = ""  # the worker-side episode the lane runs now
         self._lost: deque[str] = deque(maxlen=64)  # episodes already reported lost
-        self._olh: int | None = None
+        self._contract = Contract()
         self._handshake: Handshake | None = None
         self._closing = False
         self._replies_before = (0, 0)  # late and unknown replies of clients gone
@@ -105,9 +105,17 @@ class PolicySession:
             self._install(link)
             actions = link.actions
         self.health.up()
-        self._olh = actions.open_loop_horizon if actions is not None else None
+        self._contract = self._contract_for(actions)
         tg.start_soon(self._watch)
-        return Contract(self._olh)
+        return self._contract
+
+    def _contract_for(self, actions: Actions | None) -> Contract:
+        """The lane's Contract: the horizon, and whether the policy takes the frozen prefix
+        (declared by the worker, or for an openpi server by [policy.openpi.rtc])."""
+        rtc = actions is not None and actions.rtc is True
+        if self.cfg.policy.link == "openpi":
+            rtc = rtc or self.cfg.policy.openpi.rtc is not None
+        return Contract(actions.open_loop_horizon if actions is not None else None, rtc=rtc)
 
     def _install(self, link: PolicyLink) -> None:
         self.link, self._handshake = link, link.handshake
@@ -220,10 +228,10 @@ class PolicySession:
             return
         self._install(link)
         self._back()
-        olh = link.actions.open_loop_horizon if link.actions is not None else None
-        if olh != self._olh:
-            self._olh = olh
-            self.send_down(Contract(olh))
+        contract = self._contract_for(link.actions)
+        if contract != self._contract:
+            self._contract = contract
+            self.send_down(contract)
 
     def _back(self) -> None:
         away = self.health.up()

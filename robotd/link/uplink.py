@@ -6,9 +6,9 @@ acts, on the observe connection (robotd.link.observe).
 - at-window keys of the *predicted* next ask: the prediction is formed when the previous
   act's chunk is merged (the control lane's "chunk" message), which makes it exact: sync
   asks again once the chunk's min(rows, open_loop_horizon) rows have played; realtime once
-  at most `refill_steps` rows remain of the queue the merge left. Window steps already made
-  then go up at once (read back from the robot-side rings), later ones as they are made.
-  An episode's first act is predicted at its first step;
+  at most the merge report's `refill` rows remain of the queue the merge left. Window steps
+  already made then go up at once (read back from the robot-side rings), later ones as they
+  are made. An episode's first act is predicted at its first step;
 - `ensure`: just before an act, whatever its window reads that has not gone up (a
   misprediction), and everything of its window still queued, ahead of everything else and
   past the limits (the act waits for it); `inline`: what the worker still lacks after
@@ -84,7 +84,6 @@ class Uplink:
         *,
         timing: Literal["sync", "realtime"] = "sync",
         open_loop_horizon: int | None = None,
-        refill_steps: int = 0,
         merge: str = "replace",
         limits: UplinkLimits | None = None,
         when_behind: Literal["wait", "drop_oldest"] = "wait",
@@ -94,7 +93,7 @@ class Uplink:
         self.cameras = cameras
         self.counters = counters
         self.timing, self.olh = timing, open_loop_horizon
-        self.refill, self.merge = refill_steps, merge
+        self.merge = merge
         self.conn = ObserveConnection(
             endpoint, counters, limits=limits, when_behind=when_behind, on_refused=self._refused
         )
@@ -127,8 +126,8 @@ class Uplink:
         ep.last_act, ep.predicted, ep.ask_step, ep.ask_queue = step, None, step, queue
 
     def on_chunk(self, msg: Merged) -> None:
-        """The chunk answering the last act was merged ({"wep", "from", "at", "rows",
-        "dropped", "stale"}): the next ask is known; its window steps made so far go up."""
+        """The chunk answering the last act was merged: the next ask is known (realtime: when
+        `msg.refill` rows remain); its window steps made so far go up."""
         ep = self._eps.get(msg.wep)
         if ep is None or ep.last_act is None or msg.from_step != ep.last_act:
             return
@@ -143,7 +142,7 @@ class Uplink:
                 queued = max(rows - dropped, left)
             else:
                 queued = rows - dropped
-            ep.predicted = at + max(0, queued - self.refill)
+            ep.predicted = at + max(0, queued - msg.refill)
         if ep.predicted <= ep.last_act:  # cannot happen on the wall clock; never plan on it
             ep.predicted = None
             return

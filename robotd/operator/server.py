@@ -68,6 +68,7 @@ TELEMETRY_COUNTERS = (
     "stale_chunks",
     "rows_dropped",
     "stale_rows_played",
+    "delay_overruns",
     "episode_resets",
     "interventions",
     "clipped",

@@ -82,7 +82,7 @@ class Daemon:
         b = self.bridge
         b.on(Step, self._on_step)
         b.on(Ask, lambda m: self.session.on_ask(m) if self.session else None)
-        b.on(Merged, lambda m: self.session.on_merged(m) if self.session else None)
+        b.on(Merged, self._on_merged)
         b.on(Stats, self._on_stats)
         b.on(Event, self.events.on_event)
         b.on(Ready, self._on_ready)
@@ -92,6 +92,11 @@ class Daemon:
         self.summary.on_step(msg)
         if self.session is not None:
             self.session.on_step(msg)
+
+    def _on_merged(self, msg: Merged) -> None:
+        self.events.on_merged(msg)
+        if self.session is not None:
+            self.session.on_merged(msg)
 
     def _on_stats(self, msg: Stats) -> None:
         self.summary.on_stats(msg)

@@ -8,7 +8,7 @@ import time
 from collections.abc import Callable
 
 from robotd.config import ControlConfig
-from robotd.lane.messages import Event
+from robotd.lane.messages import Event, Merged
 from robotd.runtime.summary import RunSummary
 
 log = logging.getLogger("robotd")
@@ -52,6 +52,7 @@ class EventLog:
         self.episode_ended = episode_ended
         self._refill_warned = False
         self._quiet: dict[str, tuple[float, int]] = {}  # name -> (last logged, since then)
+        self._chunk_rows = 0  # rows of the last chunk merged (at the control rate)
 
     def on_event(self, ev: Event) -> None:
         level = logging.WARNING if ev.name in WARNINGS else logging.INFO
@@ -69,13 +70,34 @@ class EventLog:
         if ev.name == "episode_end":
             self.episode_ended(str(ev.detail.get("wep", "")))
 
+    def on_merged(self, msg: Merged) -> None:
+        self._chunk_rows = msg.rows
+
     def check_refill(self) -> None:
-        """Realtime: say once when acts take longer than the rows left at the ask cover."""
+        """Realtime: say once when acts take longer than the rows left at the ask cover: with
+        a fixed refill_steps, longer than it; with "auto" (which asks as early as the delay
+        needs), longer than half a chunk, which then runs out before the next can come."""
         c = self.control
         if self._refill_warned or c.timing != "realtime":
             return
         lat = self.summary.ask_latency()
-        if lat["count"] >= 5 and lat["steps"]["p50"] > c.refill_steps:
+        if lat["count"] < 5:
+            return
+        steps, rows = lat["steps"]["p50"], self._chunk_rows
+        if c.refill_steps == "auto":
+            if rows and 2 * steps > rows:
+                self._refill_warned = True
+                log.warning(
+                    "acts take %d steps (p50, %.0f ms) but a chunk holds %d rows at the control "
+                    "rate: one act is in flight at a time, so the queue runs dry before every "
+                    "chunk and the robot holds; have the policy answer at least %d rows (or "
+                    "answer faster)",
+                    steps,
+                    lat["ms"]["p50"],
+                    rows,
+                    2 * steps,
+                )
+        elif steps > c.refill_steps:
             self._refill_warned = True
             log.warning(
                 "acts take %d steps (p50, %.0f ms) but control.refill_steps is %d: the queue "

@@ -111,6 +111,7 @@ class RunSummary:
             "stale_chunks",
             "rows_dropped",
             "stale_rows_played",
+            "delay_overruns",
             "episode_resets",
             "interventions",
             "invalid_observations",

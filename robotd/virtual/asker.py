@@ -5,7 +5,11 @@ ring of the kernel's step records through the one StepReader (frames rendered by
 virtual rig), handed to the policy through PolicyHost, and the answer made fit for the lane
 (robotd.link.chunks). Timing (SPEC §5): in sync the world waits and the chunk is merged at
 the ask's own tick; in realtime the act takes ``ceil(latency * hz)`` ticks, and those
-ticks run before the chunk is merged at the start of the tick it arrives on.
+ticks run before the chunk is merged at the start of the tick it arrives on. The latency
+is fixed, one per act from a schedule (robotd.virtual.latency), or measured. A realtime
+act's frozen prefix reaches a policy that takes it, as the worker hands it
+(robotd.link.rtc). A camera stream that declares a camera spec is handed its frames
+fitted, encoded and decoded again (robotd.frames), as they reach a worker.
 """
 
 from __future__ import annotations
@@ -22,10 +26,13 @@ from robotd.config import Config
 from robotd.contract import Actions
 from robotd.control.kernel import Kernel
 from robotd.control.playback import Chunk
+from robotd.frames import decode, fit_and_encode, to_wire
 from robotd.lane.messages import Ask, FrameRef, Step
 from robotd.link.chunks import ChunkLimits, prepare
+from robotd.link.rtc import rtc_request
 from robotd.link.steps import FrameLost, StepReader, StepRing
 from robotd.link.windows import WindowPlanner, assemble
+from robotd.virtual.latency import LatencySchedule
 from robotd.worker.policy_host import PolicyHost, PolicyLoadError
 
 
@@ -49,10 +56,17 @@ class VirtualAsker:
     """The kernel's `asker`: answers at once in sync, schedules realtime answers
     `latency` ticks on (delivered by `deliver_due` before that tick's update)."""
 
-    def __init__(self, cfg: Config, policy: Any, rig: VirtualRig, latency_s: float | None):
+    def __init__(
+        self,
+        cfg: Config,
+        policy: Any,
+        rig: VirtualRig,
+        latency_s: float | LatencySchedule | None,
+    ):
         self.hz = cfg.control.hz
         self.sync = cfg.control.timing == "sync"
         self.latency_s = latency_s
+        self.acts = 0  # asks taken so far (a schedule's act number)
         try:
             self.host = PolicyHost.wrap(policy)
         except PolicyLoadError as exc:
@@ -62,6 +76,10 @@ class VirtualAsker:
         self.planner = WindowPlanner(
             obs.resolve(self.hz) if obs is not None else None, cfg.observation_keys
         )
+        streams = obs.streams if obs is not None else {}
+        self.cameras = {
+            k: s.camera for k, s in streams.items() if s.camera is not None and k in cfg.cameras
+        }
         self.steps = StepRing(keep=self.planner.lookback + 2 * math.ceil(self.hz) + 16)
         rig.keep_s = self.steps.keep / self.hz
         self.reader = StepReader(self.steps, RigFrames(rig))
@@ -83,14 +101,17 @@ class VirtualAsker:
         try:
             self.host.begin(wep)  # reset() on a new episode
             window = self.planner.plan(step, self._prev_act)
-            inputs = assemble(window, lambda s, k: self.reader.value(wep, s, k))
+            inputs = assemble(window, lambda s, k: self._value(wep, s, k))
             self._prev_act = step
-            answer = self.host.infer(self.host.inputs(inputs["steps"], inputs["observations"]), wep)
+            rtc = rtc_request(ask.rtc, self.actions, self.hz, self.limits.dim)
+            inputs = self.host.inputs(inputs["steps"], inputs["observations"])
+            answer = self.host.infer(inputs, wep, rtc=rtc)
             rows = prepare(answer, self.actions, self.hz, self.limits)
             outcome: Chunk | str = Chunk(ask.id, wep, step, rows)
         except Exception as exc:  # a failing policy is an act failure, never a crash
             outcome = f"act failed: {type(exc).__name__}: {exc}"
         delay = self._delay(time.perf_counter() - started)
+        self.acts += 1
         if delay == 0:
             if isinstance(outcome, Chunk):
                 return outcome
@@ -99,11 +120,22 @@ class VirtualAsker:
         self.due.setdefault(self.tick + delay, []).append(lambda: self._arrive(ask.id, outcome))
         return None
 
+    def _value(self, wep: str, step: int, key: str) -> Any:
+        """One key of the window, a camera frame as the worker would decode it."""
+        value = self.reader.value(wep, step, key)
+        cam = self.cameras.get(key)
+        if cam is None:
+            return value
+        return decode(to_wire(fit_and_encode(value, cam, name=key)), cam.layout, name=key)
+
     def _delay(self, measured_s: float) -> int:
         """Ticks the act takes: none in sync (the world waits), else ceil(latency * hz)."""
         if self.sync:
             return 0
-        latency = measured_s if self.latency_s is None else self.latency_s
+        given = self.latency_s
+        latency = measured_s if given is None else given(self.acts) if callable(given) else given
+        if not (math.isfinite(latency) and latency >= 0):
+            raise ValueError(f"run_virtual: act {self.acts} has latency {latency!r} s")
         return max(0, math.ceil(latency * self.hz - 1e-9))  # 0.1 s * 30 Hz is 3, not 4
 
     def _arrive(self, ask_id: int, outcome: Chunk | str) -> None:

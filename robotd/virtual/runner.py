@@ -29,8 +29,9 @@ from robotd.control.episode import State
 from robotd.control.histogram import LatencyHistogram
 from robotd.control.kernel import Kernel
 from robotd.control.tick import TickIO
-from robotd.lane.messages import Event, Step
+from robotd.lane.messages import Ask, Event, Merged, Step
 from robotd.virtual.asker import VirtualAsker
+from robotd.virtual.latency import LatencySchedule
 
 T0_NS = 1_000_000_000  # the virtual clock's origin (any int works; 1 s keeps it clear of 0)
 
@@ -53,10 +54,15 @@ class VirtualResult:
     held: the kernel held this tick (a step with nothing to play, or a rejected row);
     running: an episode step was made this tick; tracking: the tip's distance to the dot at
     the tick (ground truth, before the tick's write).
-    tracking_mean / tracking_p95 / holds / max_jump are over the running ticks; max_jump is
-    the largest per-tick |Δ target| over the NON-gripper joints (a gripper's command is
-    discrete by nature and is never blended nor averaged, so its jumps would only hide the
-    arm's seams). counters: the kernel's, queue's and shield's counters and ask_latency.
+    tracking_mean / tracking_p95 / holds / max_jump / mean_abs_jerk are over the running
+    ticks; max_jump is the largest per-tick |Δ target| over the NON-gripper joints (a
+    gripper's command is discrete by nature and is never blended nor averaged, so its jumps
+    would only hide the arm's seams); mean_abs_jerk the mean |Δ³ target| · hz³ (rad/s³) over
+    the same joints, where four running ticks follow each other; holds_after_first the
+    ticks from the one the run's first chunk merged at on that had no row to play (the
+    queue ran dry; a row the shield rejected is held too, but counted in `rejected`).
+    counters: the kernel's, queue's and shield's counters and ask_latency. asks and merges:
+    the lane's Ask and Merged messages, in order.
     """
 
     played: np.ndarray
@@ -71,6 +77,10 @@ class VirtualResult:
     counters: dict[str, Any]
     events: list[Event] = field(default_factory=list)
     steps: list[Step] = field(default_factory=list)
+    mean_abs_jerk: float = 0.0
+    holds_after_first: int = 0
+    asks: list[Ask] = field(default_factory=list)
+    merges: list[Merged] = field(default_factory=list)
 
 
 def _prepare(cfg: Config, aligned: bool) -> Config:
@@ -88,10 +98,10 @@ def _prepare(cfg: Config, aligned: bool) -> Config:
     return cfg.model_copy(update={"control": cfg.control.model_copy(update={"aligned": aligned})})
 
 
-def _start(kernel: Kernel, actions: Actions | None) -> None:
+def _start(kernel: Kernel, actions: Actions | None, rtc: bool) -> None:
     """Hand the kernel the action contract and get an episode running, whatever the
     configured start (a virtual run has no operator)."""
-    kernel.set_contract(actions.open_loop_horizon if actions is not None else None)
+    kernel.set_contract(actions.open_loop_horizon if actions is not None else None, rtc)
     if kernel.machine.state is State.FAULT:
         kernel.command("clear_fault")
     if kernel.machine.state is State.IDLE:
@@ -114,22 +124,24 @@ def run_virtual(
     policy: Any,
     *,
     steps: int,
-    latency_s: float | None = None,
+    latency_s: float | LatencySchedule | None = None,
     seed: int = 0,
     aligned: bool = True,
 ) -> VirtualResult:
     """Run `steps` control ticks of `cfg` (sim arm and sim cameras) with `policy` on the
     virtual clock; see the module docstring for the timing rules.
 
-    latency_s: the fixed policy latency in seconds; None takes ``control.latency_s`` and, if
-    that is unset too, measures each infer call's wall time (then runs are not reproducible).
+    latency_s: the fixed policy latency in seconds, or a schedule (act number -> seconds,
+    robotd.virtual.latency); None takes ``control.latency_s`` and, if that is unset too,
+    measures each infer call's wall time (then runs are not reproducible).
     seed: the sim arm's read-noise seed. aligned: False plays realtime chunks from their start
     (the naive baseline; overrides ``control.aligned``). Raises ValueError for a config it
     cannot simulate, TypeError for an object without the policy API.
     """
     if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
         raise ValueError(f"run_virtual: steps must be an integer >= 1, got {steps!r}")
-    if latency_s is not None and not (math.isfinite(latency_s) and latency_s >= 0):
+    fixed = latency_s is not None and not callable(latency_s)
+    if fixed and not (math.isfinite(latency_s) and latency_s >= 0):  # type: ignore[arg-type]
         raise ValueError(f"run_virtual: latency_s must be a finite number >= 0, got {latency_s!r}")
     cfg = _prepare(cfg, aligned)
     clock = VirtualClock(T0_NS)
@@ -143,7 +155,7 @@ def run_virtual(
     rig.arm.open()
     io = TickIO(kernel, rig.arm, rig.refs, out.error)
     io.start()  # as the control process: hold where the joints are from the start
-    _start(kernel, asker.actions)
+    _start(kernel, asker.actions, asker.host.takes_rtc)
     trace = _Trace(steps, len(cfg.joints.names))
     for tick in range(steps):
         now = T0_NS + round(tick * 1e9 / cfg.control.hz)
@@ -151,15 +163,20 @@ def run_virtual(
         asker.deliver_due(tick)
         rig.capture_until(now)
         holds, made = kernel.counters.holds, kernel.counters.steps
+        rejected = kernel.shield.counters.rejected
         target = io.run(now)
         truth = rig.arm.ground_truth()
+        held = kernel.counters.holds > holds
         trace.record(
             tick,
             target,
-            kernel.counters.holds > holds,
+            held,
             kernel.counters.steps > made,
             truth["tracking_error"],
+            starved=held and kernel.shield.counters.rejected == rejected,
         )
+        if trace.first_chunk is None and kernel.counters.chunks:
+            trace.first_chunk = tick
     rig.close()
     return trace.result(kernel, cfg, out)
 
@@ -171,6 +188,8 @@ class _Collected:
     def __init__(self) -> None:
         self.events: list[Event] = []
         self.steps: list[Step] = []
+        self.asks: list[Ask] = []
+        self.merges: list[Merged] = []
 
     def sink(self, asker: VirtualAsker) -> Any:
         def emit(msg: Any) -> None:
@@ -179,6 +198,10 @@ class _Collected:
                 self.steps.append(msg)
             elif isinstance(msg, Event):
                 self.events.append(msg)
+            elif isinstance(msg, Ask):
+                self.asks.append(msg)
+            elif isinstance(msg, Merged):
+                self.merges.append(msg)
 
         return emit
 
@@ -193,23 +216,51 @@ class _Trace:
         self.played = np.full((ticks, dim), np.nan)
         self.held = np.zeros(ticks, dtype=bool)
         self.running = np.zeros(ticks, dtype=bool)
+        self.starved = np.zeros(ticks, dtype=bool)
         self.tracking = np.zeros(ticks)
+        self.first_chunk: int | None = None  # the tick the run's first chunk merged at
 
     def record(
-        self, tick: int, target: np.ndarray | None, held: bool, running: bool, tracking: float
+        self,
+        tick: int,
+        target: np.ndarray | None,
+        held: bool,
+        running: bool,
+        tracking: float,
+        *,
+        starved: bool = False,
     ) -> None:
         if target is not None:
             self.played[tick] = target
         self.held[tick] = held
+        self.starved[tick] = starved
         self.running[tick] = running
         self.tracking[tick] = tracking
 
-    def max_jump(self, grippers: tuple[int, ...]) -> float:
+    def _arm_diff(self, grippers: tuple[int, ...], n: int) -> np.ndarray:
+        """n-th differences of the arm joints' targets where n + 1 running ticks follow
+        each other (rows with nothing written left out)."""
         arm_dims = [d for d in range(self.played.shape[1]) if d not in grippers]
-        both = self.running[1:] & self.running[:-1]
-        jumps = np.abs(np.diff(self.played[:, arm_dims], axis=0))[both]
-        jumps = jumps[np.isfinite(jumps).all(axis=1)]
+        run = self.running
+        both = np.ones(max(0, run.size - n), dtype=bool)
+        for k in range(n + 1):
+            both &= run[k : run.size - n + k]
+        diffs = np.diff(self.played[:, arm_dims], n=n, axis=0)[both]
+        return diffs[np.isfinite(diffs).all(axis=1)]
+
+    def max_jump(self, grippers: tuple[int, ...]) -> float:
+        jumps = np.abs(self._arm_diff(grippers, 1))
         return float(jumps.max()) if jumps.size else 0.0
+
+    def mean_abs_jerk(self, grippers: tuple[int, ...], hz: float) -> float:
+        jerk = np.abs(self._arm_diff(grippers, 3)) * hz**3
+        return float(jerk.mean()) if jerk.size else 0.0
+
+    def holds_after_first(self) -> int:
+        if self.first_chunk is None:
+            return 0
+        after = np.arange(self.held.size) >= self.first_chunk
+        return int((self.starved & self.running & after).sum())
 
     def result(self, kernel: Kernel, cfg: Config, out: _Collected) -> VirtualResult:
         tracking = self.tracking[self.running]
@@ -227,6 +278,10 @@ class _Trace:
             counters=counters,
             events=out.events,
             steps=out.steps,
+            mean_abs_jerk=self.mean_abs_jerk(cfg.joints.gripper_indices(), cfg.control.hz),
+            holds_after_first=self.holds_after_first(),
+            asks=out.asks,
+            merges=out.merges,
         )
 
 

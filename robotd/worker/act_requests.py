@@ -22,6 +22,7 @@ from robotd.worker.requests import (
     named_act_fields,
     optional_episode,
     request_id,
+    rtc_field,
 )
 from robotd.worker.slots import Task, error
 from robotd.worker.store import FrameStore
@@ -118,13 +119,14 @@ class ActRequests:
 
     def _act(self, msg: dict[str, Any], route: list[bytes], rid: int) -> Task | Parked:
         episode = episode_field(msg)
+        rtc = rtc_field(msg)
         if "reads" not in msg:  # observations inline, as sent before uploads existed
             step, steps, observations = act_fields(msg, self.windowed)
-            return Task("act", route, rid, episode, step, steps, observations)
+            return Task("act", route, rid, episode, step, steps, observations, rtc)
         step, steps, reads, inline, below, wait_s = named_act_fields(
             msg, self.windowed, self.stream_wait_s
         )
-        task = Task("act", route, rid, episode, step, steps)
+        task = Task("act", route, rid, episode, step, steps, rtc=rtc)
         if episode in self.pool.lost:
             return task  # answered at once: no use waiting for its uploads
         return Parked(task, reads, inline, below, time.monotonic() + wait_s, wait_s)

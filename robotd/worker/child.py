@@ -4,7 +4,7 @@ the jobs the worker's main process sends it (robotd.worker.pipe frames), one at 
 
 The messages (maps; `k` says which):
 - main -> copy: `init {spec, kwargs, path}` (a process copy, after its `boot`), `act {seq,
-  episode, step, steps, observations, params}`, `end {seq, episode}`, `stop`.
+  episode, step, steps, observations, params, rtc?}`, `end {seq, episode}`, `stop`.
 - copy -> main: `boot`, `ready {pid, policy, contract, params}`, `failed {error}` (the policy
   cannot be built; the copy exits), `done {seq, ok, result | error}`, `lost {seq, message}`
   (a MemoryError: the copy reports it and exits with EXIT_MEMORY, since a policy that ran
@@ -56,7 +56,7 @@ def serve_copy(sock: zmq.Socket, spec: str, kwargs: Mapping[str, Any]) -> int:
             "policy": spec,
             "contract": {
                 "observations": host.observations.to_wire() if host.observations else None,
-                "actions": host.actions.to_wire() if host.actions else None,
+                "actions": host.actions_wire(),
             },
             "params": params_to_wire(host.params, {}),
         },
@@ -92,7 +92,7 @@ def _job(host: PolicyHost, msg: dict[str, Any]) -> dict[str, Any]:
         episode = host.begin(msg["episode"], msg.get("params") or {})
         inputs = host.inputs(msg["steps"], msg["observations"])
         begun = time.perf_counter()
-        rows = host.infer(inputs, msg["episode"])
+        rows = host.infer(inputs, msg["episode"], rtc=msg.get("rtc"))
         done = time.perf_counter()
     except PolicyCallError as err:
         return _error(seq, err.code, str(err))

@@ -24,7 +24,7 @@ MAX_PARAMS = 64  # names one request may set
 MAX_NAME = 128
 MAX_STR = 1024
 _TYPES: dict[type, str] = {bool: "bool", int: "int", float: "float", str: "str"}
-SKIPPED = ("self", "episode")
+SKIPPED = ("self", "episode", "rtc")  # rtc: the act's frozen prefix, not a parameter
 
 
 class ParamError(ValueError):

@@ -11,7 +11,7 @@ The policy API (what `robotd serve MODULE:CLASS` loads)::
         actions = Actions(hz=30, open_loop_horizon=8)
 
         def reset(self): ...                        # optional: before an episode's first act
-        def infer(self, inputs, *, episode=None, temperature: float = 1.0):   # required
+        def infer(self, inputs, *, episode=None, rtc=None, temperature: float = 1.0):  # required
             ...
         def on_episode_end(self): ...               # optional: after the episode ended
 
@@ -24,7 +24,13 @@ The policy API (what `robotd serve MODULE:CLASS` loads)::
 - `episode`, if infer (or reset, or on_episode_end) takes it, is the episode's
   robotd.worker.episode.Episode: its id (it is also that string), `steps` answered so far,
   a `state` dict the policy owns for the episode, and its `params`.
-- Keyword arguments of infer with defaults (other than `episode`) are inference parameters
+- `rtc` (real-time chunking) is passed to a policy whose infer names an `rtc` keyword, or
+  that declares `Actions(rtc=True)`, with every act that carries it (realtime timing):
+  `{"delay": d, "prefix": (p x D), "rest": (r x D)}`, the rows that will play at steps
+  t … t+p−1 while it computes (p <= d; the robot plays them whatever it answers) and the
+  queued rows after them, at its own `actions.hz`. `Actions(rtc=False)` opts out; hello
+  says `actions.rtc = true` for a policy that takes it.
+- Keyword arguments of infer with defaults (other than `episode`, `rtc`) are inference parameters
   (robotd.worker.params): listed in hello, set by a `params` request, in effect from the next
   episode on. infer is called with the values set for its episode.
 - `infer` returns an (H, D) array or list of rows (row i meant for step t + i), or, when
@@ -51,6 +57,7 @@ from robotd.worker.policy_load import (
     coerce_kwargs,
     declared_attr,
     load_class,
+    names_keyword,
 )
 
 log = logging.getLogger("robotd.worker")
@@ -118,6 +125,12 @@ class PolicyHost:
             raise PolicyLoadError(f"policy {spec!r}: has no infer(inputs) method")
         self._infer = infer
         self._pass_episode = accepts_keyword(infer, "episode")
+        declared = self.actions.rtc if self.actions is not None else None
+        self.takes_rtc = names_keyword(infer, "rtc") if declared is None else declared
+        if self.takes_rtc and not accepts_keyword(infer, "rtc"):
+            raise PolicyLoadError(
+                f"policy {spec!r}: declares Actions(rtc=True) but infer takes no rtc= keyword"
+            )
         self.params: dict[str, Param] = {}
         self.params, warnings = declared_params(infer)
         for warning in warnings:
@@ -186,15 +199,25 @@ class PolicyHost:
             return observations[-1]
         return {"observations": observations, "steps": steps}
 
-    def infer(self, inputs: Any, episode: str) -> np.ndarray:
+    def actions_wire(self) -> dict[str, Any] | None:
+        """The action contract hello declares: as declared, with `rtc` true when the policy
+        takes the frozen prefix (the robot then keeps those rows whatever it answers)."""
+        if not self.takes_rtc:
+            return self.actions.to_wire() if self.actions is not None else None
+        return {**(self.actions.to_wire() if self.actions is not None else {}), "rtc": True}
+
+    def infer(self, inputs: Any, episode: str, rtc: dict[str, Any] | None = None) -> np.ndarray:
         """Run infer for the current episode `episode` (begun) with its parameters and return
-        its rows as a float64 (H, D) array; BadActions if malformed."""
+        its rows as a float64 (H, D) array; BadActions if malformed. `rtc` reaches a policy
+        that takes it (see the module docstring), no other."""
         ep = self.episode if self.episode is not None and self.episode.id == episode else None
         if ep is None:  # not begun: an in-process caller that skipped begin()
             ep = self.begin(episode)
         kwargs: dict[str, Any] = dict(ep.params)
         if self._pass_episode:
             kwargs["episode"] = ep
+        if rtc is not None and self.takes_rtc:
+            kwargs["rtc"] = rtc
         answer = _call("infer()", self._infer, inputs, **kwargs)
         rows = check_actions(answer, self.actions)
         ep.steps += 1

@@ -86,3 +86,12 @@ def accepts_keyword(fn: Any, name: str) -> bool:
     except (TypeError, ValueError):
         return False
     return name in params or any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values())
+
+
+def names_keyword(fn: Any, name: str) -> bool:
+    """fn has a parameter of that name (a **kwargs catch-all does not count: taking the
+    frozen prefix changes what the robot plays, so it must be asked for by name)."""
+    try:
+        return name in inspect.signature(fn).parameters
+    except (TypeError, ValueError):
+        return False

@@ -289,6 +289,8 @@ class Pool:
             "steps": task.steps,
             "params": self.episode_params.get(task.episode, {}),
         }
+        if task.rtc is not None:
+            header["rtc"] = task.rtc
         self.prepare(slot.identity, task.seq, header, task.observations)
         task.observations = None  # the preparer holds them now
 

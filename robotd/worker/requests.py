@@ -12,6 +12,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from robotd.contract import MAX_STREAMS
 from robotd.worker.store import Frame
 
@@ -19,6 +21,9 @@ MAX_STEPS = 65536
 MAX_EPISODE_ID = 256
 MAX_WAIT_S = 600.0
 MAX_KEY = 256  # characters in an observation key named by a skip
+MAX_RTC_ROWS = 4096  # rows of an act's rtc prefix and rest, each
+MAX_RTC_DIM = 1024
+_RTC_KEYS = frozenset({"delay", "prefix", "rest"})
 
 
 class BadRequest(ValueError):
@@ -140,6 +145,54 @@ def named_act_fields(
             f"field 'wait_s': not a number of seconds in 0..{MAX_WAIT_S:g} ({wait_s!r})",
         )
     return step, steps, reads, inline, below, float(wait_s)
+
+
+def rtc_field(msg: dict[str, Any]) -> dict[str, Any] | None:
+    """An act's optional `rtc` ({"delay": int >= 1, "prefix": (p x D), "rest": (r x D)},
+    p <= delay, finite numbers) as the policy is handed it: float64 arrays, read-only."""
+    rtc = msg.get("rtc")
+    if rtc is None:
+        return None
+    if not isinstance(rtc, dict) or set(rtc) != _RTC_KEYS:
+        got = sorted(map(str, rtc))[:8] if isinstance(rtc, dict) else type(rtc).__name__
+        raise BadRequest(
+            "bad_request", f"field 'rtc': need a map of delay, prefix and rest (got {got})"
+        )
+    delay = rtc["delay"]
+    if not is_int(delay) or not 1 <= delay <= MAX_RTC_ROWS:
+        raise BadRequest(
+            "bad_request", f"field 'rtc.delay': not an integer in 1..{MAX_RTC_ROWS} ({delay!r})"
+        )
+    rows = {name: _rtc_rows(rtc[name], name) for name in ("prefix", "rest")}
+    if rows["prefix"].shape[1] != rows["rest"].shape[1]:
+        raise BadRequest(
+            "bad_request",
+            f"field 'rtc': prefix rows of {rows['prefix'].shape[1]} values, rest rows of "
+            f"{rows['rest'].shape[1]}",
+        )
+    if rows["prefix"].shape[0] > delay:
+        raise BadRequest(
+            "bad_request",
+            f"field 'rtc.prefix': {rows['prefix'].shape[0]} rows for a delay of {delay}",
+        )
+    return {"delay": delay, **rows}
+
+
+def _rtc_rows(value: Any, name: str) -> np.ndarray:
+    where = f"field 'rtc.{name}'"
+    if not isinstance(value, np.ndarray) or value.ndim != 2 or value.dtype.kind not in "biuf":
+        shape = value.shape if isinstance(value, np.ndarray) else type(value).__name__
+        raise BadRequest("bad_request", f"{where}: not a 2-D numeric array ({shape})")
+    if value.shape[0] > MAX_RTC_ROWS or not 1 <= value.shape[1] <= MAX_RTC_DIM:
+        raise BadRequest(
+            "bad_request",
+            f"{where}: shape {value.shape} (at most {MAX_RTC_ROWS} rows of 1..{MAX_RTC_DIM})",
+        )
+    rows = value.astype(np.float64)
+    if not np.isfinite(rows).all():
+        raise BadRequest("bad_request", f"{where}: holds NaN or infinity")
+    rows.flags.writeable = False
+    return rows
 
 
 def is_int(value: Any) -> bool:

@@ -281,3 +281,51 @@ def test_example_configs_build_requests(name: str) -> None:
 
 def _flat(d: dict[str, Any]) -> list[Any]:
     return [x for v in d.values() for x in (_flat(v) if isinstance(v, dict) else [v])]
+
+
+def test_rtc_fields_go_under_the_configured_keys() -> None:
+    rtc = {"delay": 4, "prefix": np.arange(6.0).reshape(2, 3), "rest": np.ones((1, 3))}
+    pos = np.zeros(8)
+    window = _window({"joints.pos": pos})
+    plain = OpenpiOptions.model_validate({"inputs": [{"key": "state", "source": "joints.pos"}]})
+    assert build_request(plain, window, rtc=rtc).keys() == {"state"}  # no table: nothing sent
+    opts = OpenpiOptions.model_validate(
+        {"inputs": [{"key": "state", "source": "joints.pos"}], "rtc": {}}
+    )
+    req = build_request(opts, window, rtc=rtc)
+    assert req["inference_delay"] == 4 and "rest" not in req
+    assert req["prefix"].dtype == np.float32 and np.array_equal(req["prefix"], rtc["prefix"])
+    assert build_request(opts, window).keys() == {"state"}  # an act without rtc (sync)
+    nested = OpenpiOptions.model_validate(
+        {
+            "inputs": [{"key": "state", "source": "joints.pos"}],
+            "rtc": {"prefix": ["rtc", "frozen"], "delay": ["rtc", "d"], "rest": "guide"},
+        }
+    )
+    req = build_request(nested, window, rtc=rtc)
+    assert req["rtc"]["d"] == 4 and req["rtc"]["frozen"].shape == (2, 3)
+    assert req["guide"].shape == (1, 3)
+
+
+@pytest.mark.parametrize(
+    ("rtc", "match"),
+    [
+        ({"delay": 0, "prefix": np.zeros((0, 3)), "rest": np.zeros((0, 3))}, "rtc.delay"),
+        ({"delay": 2, "prefix": [1.0], "rest": np.zeros((0, 3))}, "rtc.prefix"),
+    ],
+)
+def test_malformed_rtc_fields_name_the_field(rtc: dict, match: str) -> None:
+    opts = OpenpiOptions.model_validate(
+        {"inputs": [{"key": "state", "source": "joints.pos"}], "rtc": {}}
+    )
+    with pytest.raises(RequestError, match=match):
+        build_request(opts, _window({"joints.pos": np.zeros(3)}), rtc=rtc)
+
+
+def test_rtc_keys_may_not_clash_with_inputs() -> None:
+    with pytest.raises(ValueError, match=r"rtc\.prefix: \['prefix'\] clashes with inputs\[0\]"):
+        OpenpiOptions.model_validate(
+            {"inputs": [{"key": "prefix", "source": "joints.pos"}], "rtc": {}}
+        )
+    with pytest.raises(ValueError, match="non-empty string"):
+        OpenpiOptions.model_validate({"inputs": [], "rtc": {"delay": ""}})

@@ -31,6 +31,7 @@ from robotd.link.openpi.errors import (
 )
 from robotd.link.openpi.options import TASK
 from robotd.link.openpi.request import build_request, parse_reply
+from robotd.link.rtc import RtcRefused, rtc_request
 from robotd.link.steps import FrameLost, LinkCounters, StepReader
 from robotd.link.windows import WindowPlanner, assemble
 
@@ -58,6 +59,7 @@ class _Act:
     prev: int | None
     inputs: dict[str, list[Any]]
     asked: float
+    rtc: dict[str, Any] | None = None  # the frozen prefix, at the server's rate
 
 
 class OpenpiActs:
@@ -93,18 +95,24 @@ class OpenpiActs:
         try:
             window = self.planner.plan(ask.s, prev)
             inputs = assemble(window, lambda s, k: self.reader.value(ask.wep, s, k))
+            rtc = None
+            if self.cfg.policy.openpi.rtc is not None:
+                rtc = rtc_request(ask.rtc, self.actions, self.cfg.control.hz, self.limits.dim)
+        except RtcRefused as exc:
+            self._fail(ask.id, f"cannot prepare the act: {exc}")
+            return None
         except (ValueError, FrameLost) as exc:
             self.counters.skipped_frames += isinstance(exc, FrameLost)
             self._fail(ask.id, f"window incomplete: {exc}")
             return None
         self._prev_act[ask.wep] = ask.s
-        return _Act(ask.id, ask.wep, ask.s, prev, inputs, time.perf_counter())
+        return _Act(ask.id, ask.wep, ask.s, prev, inputs, time.perf_counter(), rtc)
 
     async def finish(self, a: _Act) -> None:
         """Act and send the chunk (or act_failed) down; never raises."""
         p = self.cfg.policy
         try:
-            request = build_request(p.openpi, a.inputs, self.task())
+            request = build_request(p.openpi, a.inputs, self.task(), a.rtc)
             reply = await self.link.act(request, timeout_s=p.timeout_s)
             answer = parse_reply(p.openpi.actions, reply, len(self.cfg.joints.names))
             rows = prepare(answer.rows, self.actions, self.cfg.control.hz, self.limits)

@@ -136,11 +136,43 @@ class ActionsMap(_Model):
         return None if self.columns is None else parse_selection(self.columns)
 
 
+ServerKey = str | list[str]
+
+
+def _key_path(v: ServerKey | None) -> tuple[str, ...]:
+    return () if v is None else (v,) if isinstance(v, str) else tuple(v)
+
+
+class RtcKeys(_Model):
+    """[policy.openpi.rtc]: where real-time chunking's fields go in each request, for a
+    server that takes them: `prefix` the frozen rows (p x joints, in joint order, float32),
+    `delay` the predicted delay in rows at the server's rate, `rest` the queued rows after
+    the prefix (unset: not sent). A key is a string or a path into nested maps."""
+
+    prefix: ServerKey = "prefix"
+    delay: ServerKey = "inference_delay"
+    rest: ServerKey | None = None
+
+    @field_validator("prefix", "delay", "rest")
+    @classmethod
+    def _key(cls, v: ServerKey | None) -> ServerKey | None:
+        parts = _key_path(v)
+        if v is not None and (not parts or any(not p for p in parts)):
+            raise ValueError("a server key must be a non-empty string or list of them")
+        return v
+
+    def paths(self) -> dict[str, tuple[str, ...]]:
+        """field ("prefix", "delay", "rest") -> its key path, for the fields sent."""
+        given = {"prefix": self.prefix, "delay": self.delay, "rest": self.rest}
+        return {name: _key_path(v) for name, v in given.items() if v is not None}
+
+
 class OpenpiOptions(_Model):
     """policy.openpi: request mapping, action mapping, auth, timeouts and backoff."""
 
     inputs: list[Input] = Field([], max_length=MAX_INPUTS)
     actions: ActionsMap = ActionsMap()
+    rtc: RtcKeys | None = None  # unset: the server is sent no real-time chunking fields
     # Authorization: Api-Key <key>, from the key itself or from an environment variable
     api_key: SecretStr = SecretStr("")
     api_key_env: str = ""
@@ -162,12 +194,14 @@ class OpenpiOptions(_Model):
             )
         if self.healthz and not self.healthz.startswith("/"):
             raise ValueError(f"healthz: {self.healthz!r} must be a path starting with '/'")
-        paths = [i.path for i in self.inputs]
-        for n, p in enumerate(paths):
-            for m, q in enumerate(paths[:n]):
+        named = [(f"inputs[{n}].key", i.path) for n, i in enumerate(self.inputs)]
+        if self.rtc is not None:
+            named += [(f"rtc.{field}", path) for field, path in self.rtc.paths().items()]
+        for n, (where, p) in enumerate(named):
+            for other, q in named[:n]:
                 if p == q or p[: len(q)] == q or q[: len(p)] == p:
                     raise ValueError(
-                        f"inputs[{n}].key: {list(p)} clashes with inputs[{m}].key {list(q)} "
+                        f"{where}: {list(p)} clashes with {other} {list(q)} "
                         "(the same key, or one inside the other)"
                     )
         return self

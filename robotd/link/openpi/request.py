@@ -5,12 +5,17 @@ built robot-side from the act's window (what `robotd.link.windows.assemble` make
 {"observations": [{key: value}, ...], "steps": [...]}, the act's own step last). Pure
 functions, no I/O, no state.
 
-- `build_request(options, window, task)`: one entry per configured input. Cameras (HWC
+- `build_request(options, window, task, rtc)`: one entry per configured input. Cameras (HWC
   uint8 RGB frames as captured) are fitted (resize with pad by default), encoded and laid
   out per the input's `image`; joint sources are sliced and cast; `task` is the episode's
   task text (the input's `default` when there is none). `window = "last"` reads the key's
   newest step in the window, `"stack"` every step that holds it, stacked on a new axis 0.
   RequestError naming the input for an observation that does not fit the mapping.
+- `rtc_fields(options, rtc)`: the act's real-time chunking fields (robotd.link.rtc: the
+  predicted delay and the frozen prefix, at the server's rate) under the keys
+  `[policy.openpi.rtc]` names (`prefix`, `inference_delay`, optionally the rest), as
+  (key path, value) pairs; none when the table is unset or the act has none.
+  `build_request` puts them in the request when it is given the act's `rtc`.
 - `parse_reply(actions, reply, joints)`: the answer's rows (H x D under `actions.key`),
   the configured columns taken in joint order, as float64 (H x joints), with
   `server_timing.infer_ms` when the server sent a usable one. BadReply naming the field
@@ -51,7 +56,10 @@ class Answer:
 
 
 def build_request(
-    options: OpenpiOptions, window: Mapping[str, Sequence[Any]], task: str = ""
+    options: OpenpiOptions,
+    window: Mapping[str, Sequence[Any]],
+    task: str = "",
+    rtc: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
     """The request for one act (see the module doc)."""
     observations = window.get("observations")
@@ -71,7 +79,29 @@ def build_request(
             else:
                 value = _stack([_one(inp, v, where) for v in found])
         _put(request, inp.path, value)
+    for path, value in rtc_fields(options, rtc):
+        _put(request, path, value)
     return request
+
+
+def rtc_fields(
+    options: OpenpiOptions, rtc: Mapping[str, Any] | None
+) -> list[tuple[tuple[str, ...], Any]]:
+    """The act's rtc ({"delay", "prefix", "rest"}, robotd.link.rtc) as (key path, value)
+    pairs under `[policy.openpi.rtc]`'s keys: the delay an int, the rows float32 arrays
+    (p x joints); [] without the table or an rtc. RequestError for malformed fields."""
+    if options.rtc is None or rtc is None:
+        return []
+    delay = rtc.get("delay")
+    if isinstance(delay, bool) or not isinstance(delay, int) or delay < 1:
+        raise RequestError(f"rtc.delay: not an integer >= 1 ({delay!r:.40})")
+    values: dict[str, Any] = {"delay": delay}
+    for name in ("prefix", "rest"):
+        rows = rtc.get(name)
+        if not isinstance(rows, np.ndarray) or rows.ndim != 2:
+            raise RequestError(f"rtc.{name}: not a 2-D array of rows")
+        values[name] = np.ascontiguousarray(rows, dtype=np.float32)
+    return [(path, values[name]) for name, path in options.rtc.paths().items()]
 
 
 def _one(inp: Input, value: Any, where: str) -> Any:

@@ -1,0 +1,281 @@
+"""Real-time chunking, piece by piece: the delay prediction, frozen rows in the queue's merge,
+the frozen prefix each realtime ask carries, its conversion to a policy's own rate, and the
+refill warning for "auto"."""
+
+from __future__ import annotations
+
+import logging
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from robotd.config import load_config
+from robotd.contract import Actions
+from robotd.control.delay import DelayPredictor
+from robotd.control.kernel import Chunk, Kernel
+from robotd.control.queue import ActionQueue, QueueConfig
+from robotd.lane.messages import Merged, Rows, Rtc
+from robotd.link.rtc import RtcRefused, rtc_request
+from robotd.runtime.events import EventLog
+from tests.lane_util import plain
+from tests.test_kernel import DT_NS
+from tests.test_queue import encoded_chunk
+
+
+# ----------------------------------------------------------------------------- the prediction
+def test_prediction_is_a_quantile_of_recent_delays_and_never_below_one() -> None:
+    p = DelayPredictor(quantile=0.9, margin=1, window=10)
+    assert (p.predict(), p.refill(), p.measured) == (1, 2, 0)  # nothing measured yet
+    p.add(0)
+    assert (p.predict(), p.refill()) == (1, 2)  # a delay of 0 steps still predicts 1
+    for d in (5, 5, 5, 5, 5, 5, 5, 5, 9):
+        p.add(d)
+    assert p.predict() == 5  # the 9th of 10 (nearest rank 0.9): one slow act is the tail
+    p.add(9)
+    assert (p.predict(), p.refill()) == (9, 10)
+    for _ in range(10):  # the window forgets
+        p.add(3)
+    assert (p.predict(), p.measured) == (3, 10)
+    top = DelayPredictor(quantile=1.0, margin=0)
+    for d in (2, 7, 3):
+        top.add(d)
+    assert (top.predict(), top.refill()) == (7, 7)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "needle"),
+    [({"quantile": 0}, "quantile"), ({"quantile": 1.5}, "quantile"), ({"margin": -1}, "margin")],
+)
+def test_prediction_arguments_are_checked(kwargs: dict, needle: str) -> None:
+    with pytest.raises(ValueError, match=needle):
+        DelayPredictor(**kwargs)
+
+
+def test_refill_and_delay_keys_are_validated_naming_the_key() -> None:
+    from robotd.errors import ConfigError
+
+    assert load_config(None, []).control.refill_steps == "auto"
+    assert load_config(None, ["control.refill_steps=3"]).control.refill_steps == 3
+    for bad in ('"soon"', "-1", "2.5", "true"):
+        with pytest.raises(ConfigError, match=r"control\.refill_steps: must be 'auto' or an int"):
+            load_config(None, [f"control.refill_steps={bad}"])
+    with pytest.raises(ConfigError, match=r"control\.delay_quantile: must be <= 1"):
+        load_config(None, ["control.delay_quantile=1.5"])
+    with pytest.raises(ConfigError, match=r"control\.delay_margin_steps: must be >= 0"):
+        load_config(None, ["control.delay_margin_steps=-1"])
+
+
+# ----------------------------------------------------------------------------- frozen rows
+MODES = st.sampled_from(["replace", "fade", "ensemble"])
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    MODES,
+    st.lists(st.tuples(st.integers(0, 8), st.integers(1, 12), st.integers(0, 8)), max_size=25),
+)
+def test_merge_never_changes_a_row_before_keep_before(mode: str, chunks: list) -> None:
+    """Chunks from random past steps with random freezes: the queued rows for steps before
+    the freeze stay bit for bit; the rest is the chunk's (blended as the mode says); and a row
+    popped is always meant for the step that pops it (dim 0)."""
+    q = ActionQueue(QueueConfig(dim=3, timing="realtime", merge=mode, grippers=(0,)))
+    for t, (lag, height, freeze) in enumerate(chunks):
+        ident = t
+        s = max(0, t - lag)
+        before = q.ahead(t).copy()
+        keep = min(freeze, before.shape[0])
+        res = q.merge(encoded_chunk(ident, s, height), s, t, keep_before=t + freeze)
+        after = q.ahead(t)
+        if res.stale:
+            assert np.array_equal(after, before)
+        else:
+            assert np.array_equal(after[:keep], before[:keep])  # bit for bit
+            assert q.front_step == t
+            fresh = encoded_chunk(ident, s, height)[t + keep - s :]
+            n = fresh.shape[0]
+            if mode == "ensemble":  # the older rows past the chunk's end stay queued
+                assert after.shape[0] == max(before.shape[0], keep + n)
+            else:
+                assert after.shape[0] == keep + n
+            assert np.array_equal(after[keep : keep + n, 0], fresh[:, 0])  # grippers: unblended
+        row = q.pop(t)
+        if row is not None:
+            assert row[0] == t
+
+
+def test_fade_after_frozen_rows_starts_from_the_last_of_them() -> None:
+    q = ActionQueue(QueueConfig(dim=1, timing="realtime", merge="fade", fade_steps=2))
+    q.merge(np.array([[0.0], [1.0], [2.0], [3.0]]), 0, 0)
+    q.pop(0)
+    q.merge(np.array([[10.0], [11.0], [12.0], [13.0]]), 1, 1, keep_before=3)  # 1, 2 frozen
+    played = [q.pop(t)[0] for t in (1, 2, 3, 4)]
+    # the seam is after the frozen 2.0: offset 2 - 12 = -10, half of it left on row 12
+    assert played == [1.0, 2.0, 7.0, 13.0]
+    assert q.pop(5) is None
+
+
+def test_should_ask_with_auto_needs_the_callers_threshold() -> None:
+    q = ActionQueue(QueueConfig(dim=1, timing="realtime", refill_steps="auto"))
+    q.merge(np.zeros((3, 1)), 0, 0)
+    assert q.should_ask(False, refill=3) and not q.should_ask(False, refill=2)
+    with pytest.raises(ValueError, match="auto"):
+        q.should_ask(False)
+
+
+# ----------------------------------------------------------------------------- the lane's ask
+class Lane:
+    """A realtime kernel driven tick by tick (no cameras), recording what it emits."""
+
+    def __init__(self, *overrides: str, rtc: bool = True) -> None:
+        cfg = load_config(None, ['control.timing="realtime"', "cameras={}", *overrides])
+        self.out: list = []
+        self.k = Kernel(cfg, run_id="t", emit=self.out.append)
+        self.k.set_contract(None, rtc=rtc)
+        self.t = 0
+
+    def tick(self) -> np.ndarray | None:
+        from drivers.base import JointState
+
+        self.t += DT_NS
+        js = JointState(np.zeros(3), np.zeros(3), np.zeros(3), self.t)
+        return self.k.update(self.t, js, {})
+
+    def asks(self) -> list:
+        return [m for m in self.out if type(m).__name__ == "Ask"]
+
+    def answer(self, rows: np.ndarray) -> None:
+        ask = self.asks()[-1]
+        self.k.deliver(Chunk(ask.id, ask.wep, ask.s, rows))
+
+
+def ramp(s: int, n: int, tag: float) -> np.ndarray:
+    """Rows meant for steps s..s+n-1: (step, tag, 0) — the step on a joint, not the gripper."""
+    return np.stack([s + np.arange(n, dtype=float), np.full(n, tag), np.zeros(n)], axis=1) / 100
+
+
+def test_each_realtime_ask_carries_the_delay_and_the_frozen_prefix() -> None:
+    lane = Lane("control.refill_steps=6", "control.delay_margin_steps=0")
+    lane.tick()  # step 0: the first ask, nothing queued, delay 1 (nothing measured)
+    (first,) = lane.asks()
+    assert first.rtc == Rtc(1, None, None)
+    lane.tick()
+    lane.tick()
+    lane.answer(ramp(0, 10, 1.0))  # merged at step 3: took 3 steps
+    lane.tick()
+    assert lane.k.counters.delay_overruns == 1  # predicted 1, took 3
+    merged = [m for m in lane.out if isinstance(m, Merged)]
+    assert merged[-1].refill == 6  # a fixed refill_steps is what the uplink is told
+    for _ in range(2):
+        lane.tick()  # steps 4, 5 ... the ask comes when 6 rows remain (steps 4..9)
+    ask = lane.asks()[-1]
+    assert ask.s == 4 and ask.rtc is not None and ask.rtc.delay == 3
+    prefix, rest = ask.rtc.prefix.array(), ask.rtc.rest.array()
+    np.testing.assert_array_equal(prefix, ramp(4, 3, 1.0))  # steps 4, 5, 6: frozen
+    np.testing.assert_array_equal(rest, ramp(7, 3, 1.0))  # steps 7, 8, 9: the rest
+    lane.answer(ramp(4, 10, 2.0))  # merged at step 6, early: step 6 stays the prefix's
+    played = [lane.tick().copy() for _ in range(4)]  # steps 6..9
+    assert [round(p[1] * 100) for p in played] == [1, 2, 2, 2]
+    assert np.allclose([p[0] * 100 for p in played], [6, 7, 8, 9])
+    assert lane.k.counters.delay_overruns == 1
+
+
+def test_without_an_rtc_contract_the_answer_replaces_the_prefix_as_before() -> None:
+    lane = Lane("control.refill_steps=6", rtc=False)
+    for _ in range(3):
+        lane.tick()
+    lane.answer(ramp(0, 10, 1.0))
+    for _ in range(3):
+        lane.tick()  # steps 3, 4, 5: asked at 4 with 6 left (steps 4..9)
+    ask = lane.asks()[-1]
+    assert ask.rtc is not None and ask.rtc.prefix is not None  # still told, not promised
+    lane.answer(ramp(4, 10, 2.0))
+    played = lane.tick().copy()  # step 6: the new chunk's own row
+    assert round(played[1] * 100) == 2 and round(played[0] * 100) == 6
+
+
+def test_sync_and_naive_acts_carry_no_rtc() -> None:
+    for overrides in (['control.timing="sync"'], ["control.aligned=false"]):
+        lane = Lane(*overrides)
+        lane.tick()
+        assert lane.asks()[-1].rtc is None
+
+
+def test_auto_refill_asks_at_the_predicted_delay_plus_margin() -> None:
+    lane = Lane()  # refill "auto", margin 1
+    lane.tick()
+    for _ in range(3):
+        lane.tick()
+    lane.answer(ramp(0, 20, 1.0))  # took 4 steps
+    asked_at = None
+    for _ in range(20):
+        lane.tick()
+        if len(lane.asks()) == 2 and asked_at is None:
+            asked_at = lane.k.step - 1
+            assert plain(lane.asks()[-1])["queue"] == 5  # 4 + 1 rows left
+    assert asked_at == 15  # rows for steps 15..19 were left
+
+
+# ----------------------------------------------------------------------------- the policy's rate
+def rows_of(a: np.ndarray) -> Rows:
+    return Rows.of(a)
+
+
+def test_rtc_request_at_the_control_rate_is_the_lane_rows() -> None:
+    prefix, rest = np.arange(9.0).reshape(3, 3), np.ones((2, 3))
+    got = rtc_request(Rtc(4, rows_of(prefix), rows_of(rest)), Actions(hz=30), 30.0, 3)
+    assert got is not None and got["delay"] == 4
+    np.testing.assert_array_equal(got["prefix"], prefix)
+    np.testing.assert_array_equal(got["rest"], rest)
+    empty = rtc_request(Rtc(2), None, 30.0, 3)
+    assert empty is not None and empty["prefix"].shape == (0, 3) == empty["rest"].shape
+    assert rtc_request(None, None, 30.0, 3) is None
+
+
+def test_rtc_request_is_resampled_to_the_policys_rate() -> None:
+    t = np.arange(12) / 30.0  # 12 control rows at 30 Hz: a ramp in time
+    rows = np.stack([t, 2 * t], axis=1)
+    got = rtc_request(Rtc(6, rows_of(rows[:6]), rows_of(rows[6:])), Actions(hz=15), 30.0, 2)
+    assert got is not None and got["delay"] == 3  # 6 steps at 30 Hz are 3 rows at 15 Hz
+    both = np.concatenate([got["prefix"], got["rest"]])
+    np.testing.assert_allclose(both[:, 0], np.arange(both.shape[0]) / 15.0)
+    assert got["prefix"].shape[0] == 3  # rows at 0, 1/15, 2/15 s fall within the prefix
+
+
+def test_rtc_request_refuses_rows_of_another_robot() -> None:
+    with pytest.raises(RtcRefused, match="this robot has 3"):
+        rtc_request(Rtc(2, rows_of(np.zeros((1, 2)))), None, 30.0, 3)
+    with pytest.raises(RtcRefused, match="for a delay of 1"):
+        rtc_request(Rtc(1, rows_of(np.zeros((2, 3)))), None, 30.0, 3)
+    bad = Rows(2, 3, b"\x00" * 8)
+    with pytest.raises(RtcRefused, match=r"rtc\.rest"):
+        rtc_request(Rtc(2, None, bad), None, 30.0, 3)
+
+
+# ----------------------------------------------------------------------------- the warning
+class _Summary:
+    def __init__(self, p50: int) -> None:
+        self.p50 = p50
+
+    def ask_latency(self) -> dict:
+        return {"count": 9, "steps": {"p50": self.p50, "p99": self.p50}, "ms": {"p50": 1.0}}
+
+
+@pytest.mark.parametrize(
+    ("refill", "p50", "rows", "warned"),
+    [("auto", 5, 16, False), ("auto", 9, 16, True), (4, 5, 100, True), (8, 5, 10, False)],
+)
+def test_refill_warning(caplog, refill, p50: int, rows: int, warned: bool) -> None:
+    control = load_config(
+        None, ['control.timing="realtime"', f"control.refill_steps={refill!r}".replace("'", '"')]
+    ).control
+    events = EventLog(control, _Summary(p50), lambda wep: None)  # type: ignore[arg-type]
+    events.on_merged(Merged(1, "w", 0, p50, rows, p50, False))
+    with caplog.at_level(logging.WARNING, logger="robotd"):
+        events.check_refill()
+        events.check_refill()  # once only
+    said = [r.getMessage() for r in caplog.records]
+    assert len(said) == (1 if warned else 0), said
+    if warned and refill == "auto":
+        assert f"at least {2 * p50} rows" in said[0]
