@@ -138,8 +138,7 @@ def _verdict(results: list[dict[str, Any]]) -> list[str]:
     share = ratio(at["replace"]["tracking_mean"], at["naive"]["tracking_mean"])
     jump_ok = at["fade"]["max_jump"] < at["replace"]["max_jump"]
     rtc, fade, rep = at["rtc"], at["fade"], at["replace"]
-    auto = [r for r in results if r["mode"] == "auto" and not r["jitter"]]
-    worst = max(auto, key=lambda r: r["holds_after_first"])
+    auto = [r["holds_after_first"] for r in results if r["mode"] == "auto" and not r["jitter"]]
     return [
         f"at 200 ms: replace / naive tracking_mean = {share} "
         f"({_met(share is not None and share <= 0.6)}: target <= 0.6)",
@@ -150,9 +149,8 @@ def _verdict(results: list[dict[str, Any]]) -> list[str]:
         f"at 200 ms: rtc tracking_mean {rtc['tracking_mean']:.4f} vs replace "
         f"{rep['tracking_mean']:.4f} ({_met(rtc['tracking_mean'] <= rep['tracking_mean'])}: "
         "target <=)",
-        f"auto: at most {worst['holds_after_first']} holds after the first chunk "
-        f"(at {worst['latency_ms']} ms) over 0..400 ms "
-        f"({_met(worst['holds_after_first'] == 0)}: target 0)",
+        f"auto: holds after the first chunk at {', '.join(map(str, LATENCIES_MS))} ms: "
+        f"{auto} ({_met(not any(auto))}: target 0 at each)",
     ]
 
 
