@@ -1,95 +1,27 @@
-"""The observation and action contracts a policy declares (SPEC §2, §3).
-
-A policy says what it reads (`Observations`) and how its answer is shaped (`Actions`). The
-worker sends both at connect (`to_wire` / `from_wire`); a config file may declare them for
-servers that cannot. Every model is immutable and valid by construction: a bad contract
-raises `ContractError`, whose message names the key path and the rule broken, e.g.
-
-    observations.streams['top'].at: offset 3 > 0 (offsets must be <= 0)
-
-Keyword construction validates too; a `Stream` or `Camera` built on its own (outside an
-`Observations` given as plain dicts) names itself (`stream.at: ...`), as its key is not
-known yet. Rules that need the unit (whole steps) are checked by `Observations`, which
-knows every key. `resolve(hz)` turns a contract into integer step offsets for the planner.
-"""
+"""The contract's models: Camera, Stream, Observations (what a policy reads) and Actions
+(how its answer is shaped). Immutable and valid by construction."""
 
 from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from dataclasses import dataclass
 from typing import Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, ValidationError, field_validator, model_validator
 
-MAX_STREAMS = 64
-MAX_WINDOW = 256
-MAX_IMAGE_SIDE = 16384
-MAX_STEPS = 10_000_000  # |offset| or every, in steps, after resolving
-_MAX_SHOWN = 5
-
-Loc = tuple[str | int, ...]
-
-
-class ContractError(ValueError):
-    """A contract broke a rule. `problems` holds one line per rule broken."""
-
-    def __init__(self, problems: list[str] | str) -> None:
-        self.problems = [problems] if isinstance(problems, str) else list(problems)
-        shown = "; ".join(self.problems[:_MAX_SHOWN])
-        more = len(self.problems) - _MAX_SHOWN
-        super().__init__(shown + (f" (+{more} more)" if more > 0 else ""))
-
-
-class _Rules(ValueError):
-    """Raised inside validators; carries (loc below the validated model, rule) pairs."""
-
-    def __init__(self, problems: list[tuple[Loc, str]]) -> None:
-        self.problems = problems
-        super().__init__("; ".join(msg for _, msg in problems))
-
-
-def _num(x: float) -> str:
-    """-15.0 -> '-15', -1.5 -> '-1.5': contracts read better without trailing .0."""
-    return str(int(x)) if float(x).is_integer() and abs(x) < 1e15 else repr(float(x))
-
-
-def _path(where: str, loc: Loc, keyed_root: bool) -> str:
-    """("streams", "top", "at", 1) -> "observations.streams['top'].at[1]"."""
-    out = where
-    for i, part in enumerate(loc):
-        if part == "[key]":
-            out += " (the key itself)"
-        elif isinstance(part, int):
-            out += f"[{part}]"
-        elif keyed_root and i == 1 and loc[0] == "streams":
-            out += f"[{part!r}]"
-        else:
-            out += f".{part}"
-    return out
-
-
-def _short(value: Any) -> str:
-    text = repr(value)
-    return text if len(text) <= 60 else text[:57] + "..."
-
-
-def _convert(err: ValidationError, where: str, keyed_root: bool) -> ContractError:
-    """Turn pydantic's ValidationError into a ContractError naming each key path."""
-    lines: list[str] = []
-    for e in err.errors():
-        loc = tuple(e["loc"])
-        at = _path(where, loc, keyed_root)
-        cause = e.get("ctx", {}).get("error")
-        if isinstance(cause, _Rules):
-            lines += [f"{_path(where, loc + sub, keyed_root)}: {m}" for sub, m in cause.problems]
-        elif e["type"] == "value_error" and cause is not None:
-            lines.append(f"{at}: {cause}")
-        elif e["type"] == "extra_forbidden":
-            lines.append(f"{at}: unknown field (extra fields not allowed)")
-        else:
-            lines.append(f"{at}: {e['msg']} (got {_short(e['input'])})")
-    return ContractError(lines)
+from robotd.contract.resolved import ResolvedObservations, ResolvedStream, _to_steps
+from robotd.contract.rules import (
+    MAX_IMAGE_SIDE,
+    MAX_STEPS,
+    MAX_STREAMS,
+    ContractError,
+    Loc,
+    _convert,
+    _num,
+    _Rules,
+    _whole_steps,
+    _window_problems,
+)
 
 
 class _Model(BaseModel):
@@ -185,74 +117,6 @@ class Stream(_Model):
         if problems:
             raise _Rules(problems)
         return self
-
-
-def _window_problems(at: list[float]) -> list[str]:
-    if not at:
-        return ["empty window (give at least one offset, e.g. [0])"]
-    out: list[str] = []
-    if len(at) > MAX_WINDOW:
-        out.append(f"window of {len(at)} entries (at most {MAX_WINDOW})")
-    out += [f"offset {_num(o)} > 0 (offsets must be <= 0)" for o in at if o > 0]
-    seen: set[float] = set()
-    for o in at:
-        if o in seen:
-            out.append(f"duplicate offset {_num(o)} (each offset once)")
-        seen.add(o)
-    return out
-
-
-@dataclass(frozen=True)
-class ResolvedStream:
-    """A stream in whole steps: exactly one of `at` (ascending ints <= 0) or `every` (>= 1).
-    A stream that declared neither resolves to at=(0,)."""
-
-    at: tuple[int, ...] | None
-    every: int | None
-
-
-@dataclass(frozen=True)
-class ResolvedObservations:
-    """An `Observations` turned into steps at a control rate; what the window planner reads.
-
-    `at` windows need not contain 0: the act's own step is in every window regardless
-    (it may then read no key). `max_lookback` is the largest |offset| of the at-windows,
-    i.e. how many past steps a robot-side ring must keep for them. Every-streams read the
-    steps since the previous act, so their ring need is the act interval (horizon or
-    latency), which only the caller knows and must add.
-    """
-
-    streams: Mapping[str, ResolvedStream]
-    pad: Literal["repeat_first", "drop"]
-    when_behind: Literal["wait", "drop_oldest"]
-    hz: float
-
-    @property
-    def keys(self) -> tuple[str, ...]:
-        return tuple(sorted(self.streams))
-
-    @property
-    def max_lookback(self) -> int:
-        return max((-s.at[0] for s in self.streams.values() if s.at), default=0)
-
-
-def _whole_steps(key: str, field: str, values: list[float]) -> list[tuple[Loc, str]]:
-    label = "offset" if field == "at" else "every"
-    return [
-        (
-            ("streams", key, field),
-            f"{label} {_num(v)} is not a whole number of steps "
-            "(unit is steps: values must be whole numbers)",
-        )
-        for v in values
-        if not float(v).is_integer()
-    ]
-
-
-def _to_steps(seconds: float, hz: float) -> int:
-    """Round to nearest, ties away from zero (so -0.05 s at 10 Hz is step -1)."""
-    x = seconds * hz
-    return int(math.copysign(math.floor(abs(x) + 0.5), x))
 
 
 class Observations(_Model):
@@ -401,45 +265,3 @@ class Actions(_Model):
         return super().from_wire(d, where)
 
 
-def _fmt(value: Any) -> str:
-    if isinstance(value, list):
-        return "[" + ", ".join(_num(v) for v in value) + "]"
-    if isinstance(value, float):
-        return _num(value)
-    return "unset" if value is None else repr(value)
-
-
-def _camera_line(cam: Camera | None) -> str:
-    return "none" if cam is None else repr(cam.to_wire())
-
-
-def differences(
-    a: Observations, b: Observations, *, a_name: str = "config", b_name: str = "worker"
-) -> list[str]:
-    """Human-readable lines, one per declared difference between two contracts (empty when
-    they agree), for the warning when a config's contract differs from the worker's.
-    Values are compared as declared (no resolving: no control rate is needed)."""
-    lines: list[str] = []
-    for field in ("unit", "pad", "when_behind", "every"):
-        va, vb = getattr(a, field), getattr(b, field)
-        if va != vb:
-            lines.append(f"{field}: {a_name} {_fmt(va)}, {b_name} {_fmt(vb)}")
-    for key in sorted(set(a.streams) | set(b.streams)):
-        sa, sb = a.streams.get(key), b.streams.get(key)
-        if sb is None:
-            lines.append(f"streams[{key!r}]: declared by {a_name}, not by {b_name}")
-        elif sa is None:
-            lines.append(f"streams[{key!r}]: declared by {b_name}, not by {a_name}")
-        else:
-            for field in ("at", "every"):
-                va, vb = getattr(sa, field), getattr(sb, field)
-                if va != vb:
-                    lines.append(
-                        f"streams[{key!r}].{field}: {a_name} {_fmt(va)}, {b_name} {_fmt(vb)}"
-                    )
-            if sa.camera != sb.camera:
-                lines.append(
-                    f"streams[{key!r}].camera: {a_name} {_camera_line(sa.camera)}, "
-                    f"{b_name} {_camera_line(sb.camera)}"
-                )
-    return lines

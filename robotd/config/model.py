@@ -1,0 +1,93 @@
+"""A robot's whole config: its sections (robotd.config.sections) and the rules that span
+them, checked at load."""
+
+from __future__ import annotations
+
+from pydantic import model_validator
+
+from robotd.config.sections import (
+    CameraConfig,
+    ControlConfig,
+    JointsConfig,
+    PolicyConfig,
+    RobotConfig,
+    RuntimeConfig,
+    SafetyConfig,
+    _Model,
+)
+from robotd.trace.options import TraceOptions
+
+
+class Config(_Model):
+    robot: RobotConfig = RobotConfig()
+    control: ControlConfig = ControlConfig()
+    joints: JointsConfig
+    safety: SafetyConfig = SafetyConfig()
+    cameras: dict[str, CameraConfig] = {}
+    policy: PolicyConfig = PolicyConfig()
+    runtime: RuntimeConfig = RuntimeConfig()
+    trace: TraceOptions = TraceOptions()
+
+    @model_validator(mode="after")
+    def _cross(self) -> Config:
+        c = self.control
+        if c.merge != "replace" and (c.timing == "sync" or not c.aligned):
+            why = "sync timing" if c.timing == "sync" else "aligned = false"
+            raise ValueError(
+                f"control.merge: {c.merge!r} blends chunks in realtime aligned timing only, "
+                f"not with {why}; use merge = 'replace'"
+            )
+        n = len(self.joints.names)
+        for key in ("max_velocity", "max_acceleration"):
+            vals = getattr(self.safety, key)
+            if vals is not None and len(vals) != n:
+                raise ValueError(f"safety.{key}: needs one value per joint ({n}), got {len(vals)}")
+            if vals is not None and any(v <= 0 for v in vals):
+                raise ValueError(f"safety.{key}: every value must be > 0, got {vals}")
+        self._check_contract()
+        if self.policy.link == "openpi":
+            streams = (self.policy.observations or {}).get("streams")
+            self.policy.openpi.check(self.policy.worker, list(self.cameras), n, streams)
+        clash = set(self.cameras) & {"joints.pos", "joints.vel"}
+        for name in self.cameras:
+            if not name or not name.replace("_", "").replace("-", "").isalnum():
+                raise ValueError(
+                    f"cameras.{name!r}: a camera name must be alphanumeric (- and _ allowed)"
+                )
+        if clash:
+            raise ValueError(f"cameras: names {sorted(clash)} clash with joint observation keys")
+        if self.robot.start == "episode" and (
+            self.joints.driver != "sim" or any(c.driver != "sim" for c in self.cameras.values())
+        ):
+            raise ValueError(
+                "robot.start: 'episode' (start moving by itself) is allowed for simulated "
+                "robots only; a real robot starts 'latched'"
+            )
+        return self
+
+    def _check_contract(self) -> None:
+        """A contract declared here (for servers that cannot) is checked at load, not at run."""
+        from robotd.contract import Actions, ContractError, Observations
+
+        p = self.policy
+        try:
+            if p.observations is not None:
+                obs = Observations.from_wire(p.observations, "policy.observations")
+                obs.resolve(self.control.hz)
+                unknown = sorted(set(obs.streams) - set(self.observation_keys))
+                if unknown:
+                    raise ValueError(
+                        f"policy.observations.streams: {unknown} are not observation keys of "
+                        f"this robot {self.observation_keys}"
+                    )
+            if p.actions is not None:
+                Actions.from_wire(p.actions, "policy.actions")
+        except ContractError as exc:
+            raise ValueError(str(exc)) from None
+
+    @property
+    def observation_keys(self) -> list[str]:
+        """Every key a step's observation can hold: each camera, then the joint streams."""
+        return [*self.cameras, "joints.pos", "joints.vel"]
+
+

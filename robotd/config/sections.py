@@ -1,0 +1,196 @@
+"""The sections of a robot's config file, one model each: robot, control, joints, safety,
+cameras, policy, runtime (the trace section's model is robotd.trace.options)."""
+
+from __future__ import annotations
+
+import os
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from robotd.link.openpi.options import OpenpiOptions
+
+PositiveFloat = Annotated[float, Field(gt=0)]
+# A safety limit: NaN would make every comparison false (and the shield's clamp emit NaN),
+# inf no limit at all, zero or less a robot that cannot move.
+FiniteFloat = Annotated[float, Field(allow_inf_nan=False)]
+SafetyLimit = Annotated[float, Field(gt=0, allow_inf_nan=False)]
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class RobotConfig(_Model):
+    name: str = "robot"
+    # latched: FAULT with the e-stop latched (every real robot); idle: no motion until
+    # `start`; episode: the first episode starts by itself (simulated robots only).
+    start: Literal["latched", "idle", "episode"] = "latched"
+
+
+class ControlConfig(_Model):
+    hz: float = Field(30.0, gt=0, le=2000)
+    spin_us: int = Field(200, ge=0, le=5000)
+    rt_priority: int = Field(80, ge=0, le=99)
+    lock_memory: bool = True
+    timing: Literal["sync", "realtime"] = "sync"
+    clock: Literal["wall", "virtual"] = "wall"
+    # realtime: ask when at most this many rows remain; "auto": when they fall to the
+    # predicted ask → chunk delay plus delay_margin_steps
+    refill_steps: int | Literal["auto"] = "auto"
+    # the predicted delay (rtc's d): this quantile of the recent acts' delays, >= 1 step
+    delay_quantile: float = Field(0.9, gt=0, le=1)
+    delay_margin_steps: int = Field(1, ge=0, le=1000)  # auto refill: steps on top of it
+    merge: Literal["replace", "fade", "ensemble"] = "replace"
+    # realtime: drop a late chunk's rows for steps already past; false = the naive baseline
+    # (rows play from the chunk's start, late), for benchmarks only
+    aligned: bool = True
+    fade_steps: int = Field(5, ge=1)
+    ensemble_decay: float = Field(0.1, ge=0)
+    latency_s: float | None = Field(
+        None, ge=0
+    )  # virtual clock: fixed policy latency; None = measured
+    max_hold_steps: int = Field(300, ge=1)
+    max_steps: int = Field(0, ge=0)  # 0 = no limit
+    control_mode: Literal["absolute", "delta", "velocity"] = "absolute"
+    # a worker-side episode reset: flush the queue and hold until the new episode's first
+    # chunk, or let the queued rows finish
+    on_reset: Literal["hold", "finish_chunk"] = "hold"
+    stats_interval_s: float = Field(0.25, gt=0)
+    # the main process gone: the lane holds in FAULT this long, then applies its e-stop
+    # category and exits (a restarted daemon starts latched)
+    orphan_s: float = Field(2.0, ge=0, le=60)
+
+    @field_validator("refill_steps", mode="before")
+    @classmethod
+    def _refill(cls, value: Any) -> Any:
+        whole = isinstance(value, int) and not isinstance(value, bool)
+        if value == "auto" or (whole and value >= 0):
+            return value
+        raise ValueError(f"must be 'auto' or an integer >= 0, got {value!r:.60}")
+
+
+class JointsConfig(_Model):
+    driver: str = "sim"
+    names: list[str] = Field(min_length=1)
+    grippers: list[str] = []
+    lower: list[FiniteFloat]
+    upper: list[FiniteFloat]
+    options: dict[str, Any] = {}
+
+    @model_validator(mode="after")
+    def _consistent(self) -> JointsConfig:
+        n = len(self.names)
+        if len(set(self.names)) != n:
+            raise ValueError(f"names: duplicate joint name in {self.names}")
+        for key in ("lower", "upper"):
+            got = len(getattr(self, key))
+            if got != n:
+                raise ValueError(f"{key}: needs one value per joint ({n}), got {got}")
+        for i, (lo, hi) in enumerate(zip(self.lower, self.upper)):
+            if not lo < hi:
+                raise ValueError(
+                    f"lower/upper: joint {self.names[i]!r} has lower {lo} >= upper {hi}"
+                )
+        unknown = [g for g in self.grippers if g not in self.names]
+        if unknown:
+            raise ValueError(f"grippers: {unknown} are not joint names {self.names}")
+        return self
+
+    def gripper_indices(self) -> tuple[int, ...]:
+        return tuple(self.names.index(g) for g in self.grippers)
+
+
+class SafetyConfig(_Model):
+    # out of limits by at most this → clipped (0: nothing is clipped, all rejected)
+    clip_tolerance: float = Field(0.05, ge=0, allow_inf_nan=False)
+    max_velocity: list[SafetyLimit] | None = None  # per joint, units/s; None = no limit
+    max_acceleration: list[SafetyLimit] | None = None  # per joint, units/s²
+    reject_run: int = Field(5, ge=1)  # this many rejected actions in a row latch FAULT
+    estop_category: Literal[0, 1] = 1
+    driver_fault_run: int = Field(3, ge=1)  # consecutive failed ticks before the driver is faulted
+
+
+class CameraConfig(_Model):
+    driver: str = "sim"
+    width: int = Field(gt=0, le=8192)
+    height: int = Field(gt=0, le=8192)
+    fps: float = Field(gt=0, le=1000)
+    max_age_ms: float = Field(200.0, gt=0)
+    ring_seconds: float = Field(2.0, gt=0, le=60)
+    options: dict[str, Any] = {}
+
+
+class OpenpiConfig(OpenpiOptions):
+    """[policy.openpi], used with policy.link = "openpi": the request mapping (inputs),
+    the action mapping, API key, timeouts and backoff (robotd.link.openpi.options)."""
+
+
+class PolicyConfig(_Model):
+    # zmq: robotd's own link to `robotd serve`; openpi: an openpi websocket policy server
+    link: Literal["zmq", "openpi"] = "zmq"
+    worker: str = ""  # endpoint of a remote worker (ws://host:8000 for openpi); empty = local
+    serve: str = "robotd.demo:DotFollower"  # MODULE:CLASS for the local worker
+    args: dict[str, Any] = {}
+    timeout_s: float = Field(10.0, gt=0)
+    stream_wait_s: float = Field(10.0, gt=0)
+    # a chunk's rows, as answered and at the control rate; more is refused whole
+    max_chunk_rows: int = Field(1024, ge=1, le=4096)
+    # no answer to the worker's heartbeat this long: gone (the robot holds, reconnect)
+    heartbeat_s: float = Field(2.0, gt=0, le=60)
+    reconnect_max_s: float = Field(5.0, gt=0, le=300)  # the reconnect backoff's cap
+    # the local worker (no policy.worker): copies of the policy in child processes (a
+    # second is a warm spare, ready at once when one is lost) and when a copy counts as hung
+    copies: int = Field(2, ge=0, le=16)
+    hang_s: float = Field(5.0, gt=0, le=600)
+    # uploads one episode may hold on the worker (SPEC §4), lowered to the worker's own
+    max_episode_frames: int = Field(1024, ge=1)
+    max_episode_bytes: int = Field(64 << 20, ge=1)
+    # for servers that cannot declare their contract (openpi): validated by robotd.contract
+    observations: dict[str, Any] | None = None
+    actions: dict[str, Any] | None = None
+    openpi: OpenpiConfig = OpenpiConfig()
+
+
+# The longest socket name robotd makes in the run directory, and the kernel's limit on
+# a unix socket path (sun_path, 108 bytes with its NUL).
+_LONGEST_SOCKET = "/worker-4194304-o.sock"
+_SUN_PATH_MAX = 107
+
+
+class RuntimeConfig(_Model):
+    dir: str = ""  # empty = $RUNTIME_DIRECTORY, $XDG_RUNTIME_DIR/robotd or /tmp/robotd-<uid>
+    control_endpoint: str = ""  # operator socket; empty = ipc://<dir>/control.sock
+    telemetry_endpoint: str = ""  # empty = ipc://<dir>/telemetry.sock
+    telemetry_hz: float = Field(10.0, gt=0, le=100)
+    # Over tcp the operator sockets are CURVE servers (`robotctl keygen` makes the files):
+    curve_secret_key: str = ""  # the daemon's key pair: a zmq .key_secret file
+    curve_clients: str = ""  # directory of the authorised clients' public .key files
+
+    @model_validator(mode="after")
+    def _endpoints_served(self) -> RuntimeConfig:
+        for key in ("control_endpoint", "telemetry_endpoint"):
+            ep = getattr(self, key)
+            if not ep or ep.startswith("ipc://"):
+                continue
+            if not ep.startswith("tcp://"):
+                raise ValueError(f"{key}: {ep!r}: only ipc:// and tcp:// endpoints are served")
+            if not (self.curve_secret_key and self.curve_clients):
+                raise ValueError(
+                    f"{key}: {ep!r} is tcp, which is served only with CURVE keys: set "
+                    "runtime.curve_secret_key and runtime.curve_clients (robotctl keygen)"
+                )
+        return self
+
+    @field_validator("dir")
+    @classmethod
+    def _socket_paths_fit(cls, value: str) -> str:
+        longest = len(os.fsencode(value)) + len(_LONGEST_SOCKET)
+        if value and longest > _SUN_PATH_MAX:
+            raise ValueError(
+                f"{value!r} is too long for the ipc sockets robotd makes in it "
+                f"({longest} > {_SUN_PATH_MAX} bytes); choose a shorter run directory"
+            )
+        return value
+
+
