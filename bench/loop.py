@@ -175,6 +175,7 @@ def run_robotd(args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
         "--set", f"control.hz={args.hz:g}", "--set", f"control.spin_us={args.spin_us}",
         "--set", f"runtime.dir={json.dumps(str(run_dir))}",  # a TOML basic string
         "--duration", f"{args.seconds:g}", "--summary", str(summary), "--no-status",
+        "--set", "trace.enabled=false",  # the loop alone (bench/trace.py measures the trace)
     ]  # fmt: skip
     # start-up (worker, cameras) and shutdown come on top of --seconds
     run_logged(cmd, timeout_s=args.seconds + 120, log=log, what="robotd run")

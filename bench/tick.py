@@ -216,6 +216,7 @@ def measure_memory(seconds: float) -> dict[str, float]:
     with tempfile.TemporaryDirectory(prefix="rbt-") as tmp:
         cmd = [sys.executable, "-m", "robotd", "run", "--no-status"]
         cmd += ["--set", f'runtime.dir="{tmp}/run"', "--duration", str(seconds + 30)]
+        cmd += ["--set", "trace.enabled=false"]
         proc = subprocess.Popen(cmd, env=child_env(), stdout=subprocess.DEVNULL,
                                 stderr=subprocess.PIPE, text=True)  # fmt: skip
         try:

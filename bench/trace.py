@@ -1,33 +1,37 @@
-"""The trace writer's cost: per tick record and per frame, on the main thread and in the
-writer thread, and the bytes it writes per second.
+"""What tracing costs a real robot run: the control tick's lateness, the main process's CPU
+and the bytes written, with tracing off, on (every tick, no frames) and with frames.
 
-    python bench/trace.py [--records 20000] [--frames 600] [--rounds 5] [--hz 100]
-                          [--fps 30] [--cameras 2] [--json]
+    python bench/trace.py [--seconds 20] [--rounds 3] [--micro-rounds 3] [--json]
 
-Each round makes a fresh TraceStore (defaults: zstd, flush every 1 s or 1 MiB, fsync at
-each flush) in a temporary directory and feeds it, from this (the main) thread, first
-`--records` tick records and then `--frames` camera frames (a real 640x480 JPEG). Per
-record and per frame:
+Each round runs ``robotd run --config config/sim.toml --set control.timing="realtime"
+--duration <seconds>`` once per variant, one after the other (never together: they would
+compete for the CPUs), in an order that rotates from round to round:
 
-  main_us    wall time of EpisodeWriter.write / .frame on the calling thread: what the
-             daemon's event loop pays (the writer thread runs meanwhile, as it would);
-  writer_us  CPU time of the writer thread (JSON, base64, zstd, file writes, fsync),
-             read from its own thread clock, until everything is on disk;
-  bytes      bytes on disk per record / frame; bytes_per_s at --hz ticks and --fps frames
-             on --cameras cameras.
+  off     trace.enabled = false (the baseline)
+  ticks   every tick recorded, no frames (trace.frames = false)
+  frames  every tick and the frames the policy read (JPEG, in the same MCAP)
 
-Baselines measured in the same run: a bare deque.append of the same tuples (the floor of
-any queue) and json.dumps of the same tick record (the floor of the writer's encoding);
-the table gives the ratios. Medians over --rounds. The full bench of issue 12 (a realtime
-sim run with tracing off / ticks / frames: tick p99 lateness, main-process CPU) needs the
-daemon wiring and comes with it.
+Per run: ``p99_us`` the control tick's p99 lateness (the run summary's lateness_us, after
+the spin tail; ``wake_p99_us`` the sleep's wake-up before it), ``main_cpu_pct`` the main
+process's CPU (utime + stime from /proc/PID/stat, every thread of it, over the steady
+state: from 1 s after the episode started to 1 s before the end) and ``bytes_per_s`` the
+trace's bytes on disk per second of recorded episode. The table gives each run and the
+medians; ratios are against off in the same run, p99s floored at 1 µs (below that a p99
+is clock-read noise). Target: ticks changes the p99 lateness by at most 10 % against off.
+
+The writer's own cost per record and per frame (the micro-bench: bench/_trace_micro.py)
+comes as extra fields under "micro". With --json the last line is
+``{"off": {...}, "ticks": {...}, "frames": {...}, "ratios": {...}, "micro": {...}}``,
+each variant with p99_us, main_cpu_pct, bytes_per_s (medians) and its runs.
 """
 
 from __future__ import annotations
 
 import argparse
-import collections
 import json
+import os
+import queue
+import subprocess
 import sys
 import tempfile
 import threading
@@ -37,150 +41,185 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # `python bench/trace.py`
 
-from bench._common import BenchError, emit_json, median, print_table, ratio, run_main
+from bench import _trace_micro
+from bench._common import (
+    REPO_ROOT,
+    BenchError,
+    child_env,
+    emit_json,
+    median,
+    print_table,
+    ratio,
+    run_main,
+    tail,
+)
 
-CONFIG = {"control": {"hz": 100.0}, "joints": {"names": [f"j{i}" for i in range(7)]}}
-
-
-def _tick(s: int) -> dict[str, Any]:
-    pos = [0.001 * s + 0.1 * j for j in range(7)]
-    return {"ep": 1, "wep": "w1", "s": s, "t_ns": s * 10_000_000, "pos": pos,
-            "vel": [0.01 * j for j in range(7)], "target": [p + 0.002 for p in pos],
-            "held": False, "shield": "", "ok": True, "skipped": False}
-
-
-VARIANTS = 64  # distinct frames, cycled: no chunk holds the same frame twice
-
-
-def _jpegs() -> list[bytes]:
-    """640x480 JPEGs of a scene with sensor-like noise, each one different (zstd would
-    otherwise find a repeated frame inside a chunk and the bytes would be a lie)."""
-    import cv2
-    import numpy as np
-
-    rng = np.random.default_rng(0)
-    out = []
-    for k in range(VARIANTS):
-        img = np.zeros((480, 640, 3), np.uint8)
-        img[:] = np.linspace(20, 200, 640, dtype=np.uint8)[None, :, None]
-        cv2.circle(img, (200 + 3 * k, 240), 90, (30, 160, 230), -1)
-        cv2.rectangle(img, (60, 300), (220, 420), (200, 60, 40), -1)
-        img = cv2.add(img, rng.integers(0, 24, img.shape, dtype=np.uint8))
-        ok, buf = cv2.imencode(".jpg", img, [cv2.IMWRITE_JPEG_QUALITY, 85])
-        if not ok:
-            raise BenchError("OpenCV cannot encode a JPEG here")
-        out.append(buf.tobytes())
-    return out
+VARIANTS: dict[str, list[str]] = {
+    "off": ["trace.enabled=false"],
+    "ticks": ["trace.frames=false"],
+    "frames": ["trace.frames=true"],
+}
+P99_FLOOR_US = 1.0
+TARGET = 1.10  # ticks' p99 lateness at most 10 % above off's
+WARM_S = 1.0  # after the episode starts: start-up's work is over
 
 
-def _thread_cpu(thread: threading.Thread) -> float:
-    if thread.ident is None:
-        raise BenchError("the writer thread has not started")
-    return time.clock_gettime(time.pthread_getcpuclockid(thread.ident))
+def _cpu_s(pid: int) -> float:
+    """utime + stime of every thread of `pid`, in seconds."""
+    text = Path(f"/proc/{pid}/stat").read_text()
+    fields = text[text.rindex(")") + 2 :].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-def _round(records: int, frames: int, jpegs: list[bytes]) -> dict[str, float]:
-    from robotd.trace.store import TraceStore
+class _Lines:
+    """A child's stderr read line by line on a thread (kept for error messages)."""
 
-    ticks = [_tick(s) for s in range(records)]
-    with tempfile.TemporaryDirectory(prefix="robotd-bench-trace-") as tmp:
-        store = TraceStore(tmp, 1 << 40, CONFIG, queue_records=records + frames + 16,
-                           queue_bytes=(frames + 1) * max(map(len, jpegs)))
-        writer_thread = store._thread  # the bench reads its CPU clock
-        ep = store.begin_episode(1, "w1", "bench")
-        if not store.flush():
-            raise BenchError("the trace writer did not start")
-        t0, cpu0 = time.perf_counter(), _thread_cpu(writer_thread)
-        for s, rec in enumerate(ticks):
-            ep.write("/robot/tick", 1_000 + s, rec)
-        main_ticks = time.perf_counter() - t0
-        if not store.flush(120):
-            raise BenchError("the trace writer did not drain the ticks in 120 s")
-        cpu_ticks = _thread_cpu(writer_thread) - cpu0
-        size_ticks = _size(store.run_dir)
-        t0, cpu0 = time.perf_counter(), _thread_cpu(writer_thread)
-        for i in range(frames):
-            ep.frame("top", 2_000 + i, jpegs[i % VARIANTS], i)
-        main_frames = time.perf_counter() - t0
-        if not store.flush(120):
-            raise BenchError("the trace writer did not drain the frames in 120 s")
-        cpu_frames = _thread_cpu(writer_thread) - cpu0
-        size_frames = _size(store.run_dir) - size_ticks
-        dropped = store.stats().dropped_records + store.stats().dropped_frames
-        ep.end("stopped")
-        store.close()
-    if dropped:
-        raise BenchError(f"{dropped} records dropped: the queue was too small for the bench")
+    def __init__(self, proc: subprocess.Popen) -> None:
+        self.q: queue.Queue[str] = queue.Queue()
+        self.log: list[str] = []
+        threading.Thread(target=self._read, args=(proc,), daemon=True).start()
+
+    def _read(self, proc: subprocess.Popen) -> None:
+        assert proc.stderr is not None
+        for line in proc.stderr:
+            self.log.append(line)
+            self.q.put(line)
+        self.q.put("")
+
+    def wait_for(self, text: str, timeout_s: float) -> None:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            try:
+                line = self.q.get(timeout=max(0.01, deadline - time.monotonic()))
+            except queue.Empty:
+                break
+            if line == "":
+                raise BenchError(f"robotd run exited before {text!r}:\n{tail(''.join(self.log))}")
+            if text in line:
+                return
+        raise BenchError(f"robotd run: no {text!r} within {timeout_s:.0f} s:\n"
+                         f"{tail(''.join(self.log))}")
+
+
+def run_variant(name: str, seconds: float, tmp: Path) -> dict[str, Any]:
+    """One `robotd run` of variant `name`: its figures (see the module docstring)."""
+    summary, traces = tmp / "summary.json", tmp / "traces"
+    run_dir = json.dumps(str(tmp / "run"))  # a TOML basic string
+    cmd = [sys.executable, "-m", "robotd", "run", "--config", "config/sim.toml", "--no-status",
+           "--set", 'control.timing="realtime"', "--set", f"runtime.dir={run_dir}",
+           "--set", f"trace.dir={json.dumps(str(traces))}", "--duration", f"{seconds:g}",
+           "--summary", str(summary)]  # fmt: skip
+    for override in VARIANTS[name]:
+        cmd += ["--set", override]
+    proc = subprocess.Popen(cmd, cwd=REPO_ROOT, env=child_env(), stdout=subprocess.DEVNULL,
+                            stderr=subprocess.PIPE, text=True)
+    lines = _Lines(proc)
+    try:
+        lines.wait_for("episode_start", 120)
+        time.sleep(WARM_S)  # a measurement window, not synchronisation
+        t1, cpu1 = time.monotonic(), _cpu_s(proc.pid)
+        time.sleep(max(1.0, seconds - WARM_S - 1.0))
+        t2, cpu2 = time.monotonic(), _cpu_s(proc.pid)
+        code = proc.wait(seconds + 120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    if code != 0 or not summary.is_file():
+        raise BenchError(f"robotd run ({name}) exited {code}:\n{tail(''.join(lines.log))}")
+    result = json.loads(summary.read_text())
+    written, recorded_s, dropped = _trace_files(traces)
+    lat, wake = result.get("lateness_us", {}), result.get("wake_lateness_us", {})
     return {
-        "tick_main_us": main_ticks / records * 1e6, "tick_writer_us": cpu_ticks / records * 1e6,
-        "tick_bytes": size_ticks / records, "frame_main_us": main_frames / frames * 1e6,
-        "frame_writer_us": cpu_frames / frames * 1e6, "frame_bytes": size_frames / frames,
+        "p99_us": float(lat.get("p99", 0.0)), "p50_us": float(lat.get("p50", 0.0)),
+        "wake_p99_us": float(wake.get("p99", 0.0)),
+        "main_cpu_pct": round((cpu2 - cpu1) / (t2 - t1) * 100, 2),
+        "bytes_per_s": round(written / recorded_s) if recorded_s > 0 else 0,
+        "ticks": int(result.get("ticks", 0)), "missed": int(result.get("missed_ticks", 0)),
+        "dropped_records": dropped,
     }
 
 
-def _size(run: Path | None) -> int:
-    return sum(p.stat().st_size for p in run.glob("*.mcap")) if run else 0
+def _trace_files(root: Path) -> tuple[int, float, int]:
+    """(bytes of every MCAP file, seconds of recorded episodes, records dropped)."""
+    written, seconds, dropped = 0, 0.0, 0
+    for run in root.glob("*/") if root.is_dir() else ():
+        written += sum(p.stat().st_size for p in run.glob("*.mcap"))
+        for side in run.glob("episode-*.json"):
+            seconds += float(json.loads(side.read_text()).get("duration_s") or 0.0)
+        stats = json.loads((run / "run.json").read_text()).get("stats") or {}
+        dropped += int(stats.get("dropped_records", 0)) + int(stats.get("dropped_frames", 0))
+    return written, seconds, dropped
 
 
-def _baselines(records: int) -> dict[str, float]:
-    ticks = [("m", 1, "/robot/tick", s, _tick(s)) for s in range(records)]
-    q: collections.deque = collections.deque()
-    t0 = time.perf_counter()
-    for item in ticks:
-        q.append(item)
-    append_us = (time.perf_counter() - t0) / records * 1e6
-    t0 = time.perf_counter()
-    for item in ticks:
-        json.dumps(item[4], separators=(",", ":"))
-    json_us = (time.perf_counter() - t0) / records * 1e6
-    return {"append_us": append_us, "json_us": json_us}
+def measure(args: argparse.Namespace) -> dict[str, list[dict[str, Any]]]:
+    names = list(VARIANTS)
+    runs: dict[str, list[dict[str, Any]]] = {n: [] for n in names}
+    for r in range(args.rounds):
+        order = names[r % len(names):] + names[: r % len(names)]  # rotate the order
+        for name in order:
+            with tempfile.TemporaryDirectory(prefix="robotd-bench-trace-") as tmp:
+                got = run_variant(name, args.seconds, Path(tmp))
+            runs[name].append(got)
+            print(f"  round {r + 1} {name}: p99 {got['p99_us']:.1f} µs, main CPU "
+                  f"{got['main_cpu_pct']:.1f} %, {got['bytes_per_s']} B/s", flush=True)
+    return runs
+
+
+def _medians(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    keys = ("p99_us", "p50_us", "wake_p99_us", "main_cpu_pct", "bytes_per_s")
+    out: dict[str, Any] = {k: round(median(r[k] for r in rows), 3) for k in keys}
+    out["dropped_records"] = sum(r["dropped_records"] for r in rows)
+    return {**out, "runs": rows}
+
+
+def report(args: argparse.Namespace, runs: dict[str, list[dict[str, Any]]],
+           micro: dict[str, Any] | None) -> dict[str, Any]:
+    agg = {name: _medians(rows) for name, rows in runs.items()}
+    off = agg["off"]
+    ratios = {
+        f"p99_{n}_vs_off": ratio(agg[n]["p99_us"], off["p99_us"], floor=P99_FLOOR_US)
+        for n in ("ticks", "frames")
+    } | {
+        f"cpu_{n}_vs_off": ratio(agg[n]["main_cpu_pct"], off["main_cpu_pct"])
+        for n in ("ticks", "frames")
+    }
+    cols = ("p99_us", "p50_us", "wake_p99_us", "main_cpu_pct", "bytes_per_s")
+    table = [[f"{n} #{i + 1}", *(r[k] for k in cols)] for n, rows in runs.items()
+             for i, r in enumerate(rows)]
+    table += [[f"{n} median", *(agg[n][k] for k in cols)] for n in runs]
+    print_table(["run", "p99 µs", "p50 µs", "wake p99 µs", "main CPU %", "bytes/s"], table,
+                title=f"tracing in a realtime sim run: {args.seconds:g} s a run, "
+                      f"{args.rounds} rounds, order rotated")
+    r = ratios["p99_ticks_vs_off"]
+    met = r is not None and r <= TARGET
+    print(f"p99 lateness ticks / off: {r} (target <= {TARGET}: {'met' if met else 'NOT met'}); "
+          f"frames / off: {ratios['p99_frames_vs_off']}; main CPU ticks / off: "
+          f"{ratios['cpu_ticks_vs_off']}, frames / off: {ratios['cpu_frames_vs_off']}")
+    if micro is not None:
+        print(f"writer (micro-bench): tick {micro['tick_main_us']:.2f} µs on the loop, "
+              f"{micro['tick_writer_us']:.2f} µs in the writer, {micro['tick_bytes']:.0f} B; "
+              f"frame {micro['frame_main_us']:.2f} µs / {micro['frame_writer_us']:.0f} µs, "
+              f"{micro['frame_bytes']:.0f} B")
+    return {**agg, "ratios": ratios, "target": {"p99_ticks_vs_off_max": TARGET, "met": met},
+            "seconds": args.seconds, "rounds": args.rounds, "micro": micro}
 
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
-    p.add_argument("--records", type=int, default=20000)
-    p.add_argument("--frames", type=int, default=600)
-    p.add_argument("--rounds", type=int, default=5)
-    p.add_argument("--hz", type=float, default=100.0, help="control rate for bytes_per_s")
-    p.add_argument("--fps", type=float, default=30.0, help="frames per second per camera")
-    p.add_argument("--cameras", type=int, default=2)
+    p.add_argument("--seconds", type=float, default=20.0, help="each robotd run's --duration")
+    p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--micro-rounds", type=int, default=3, help="0: no micro-bench")
     p.add_argument("--json", action="store_true", help="print a JSON summary as the last line")
     args = p.parse_args(argv)
-    if min(args.records, args.frames, args.rounds, args.cameras) < 1:
-        raise BenchError("--records, --frames, --rounds and --cameras must be >= 1")
-    jpegs = _jpegs()
-    jpeg_bytes = round(sum(map(len, jpegs)) / len(jpegs))
-    rounds = [_round(args.records, args.frames, jpegs) for _ in range(args.rounds)]
-    base = [_baselines(args.records) for _ in range(args.rounds)]
-    m = {k: median(r[k] for r in rounds) for k in rounds[0]}
-    b = {k: median(r[k] for r in base) for k in base[0]}
-    tick_bps = m["tick_bytes"] * args.hz
-    frame_bps = m["frame_bytes"] * args.fps * args.cameras
-    print_table(
-        ["record", "main µs", "writer µs", "bytes", "bytes/s", "main / append", "writer / json"],
-        [["tick", m["tick_main_us"], m["tick_writer_us"], m["tick_bytes"], tick_bps,
-          ratio(m["tick_main_us"], b["append_us"], 1), ratio(m["tick_writer_us"], b["json_us"], 1)],
-         [f"frame ({jpeg_bytes // 1024} KiB JPEG)", m["frame_main_us"], m["frame_writer_us"],
-          m["frame_bytes"], frame_bps, ratio(m["frame_main_us"], b["append_us"], 1), None]],
-        title=(f"trace writer: {args.records} ticks, {args.frames} frames, median of "
-               f"{args.rounds} rounds; bytes/s at {args.hz:g} Hz and {args.fps:g} fps x "
-               f"{args.cameras} cameras; baselines: deque.append {b['append_us']:.2f} µs, "
-               f"json.dumps {b['json_us']:.2f} µs"),
-        digits=2,
-    )
+    if args.rounds < 1 or args.seconds < 4:
+        raise BenchError("--rounds must be >= 1 and --seconds >= 4")
+    micro = None
+    if args.micro_rounds > 0:
+        micro = _trace_micro.run(20000, 600, args.micro_rounds)
+    summary = report(args, measure(args), micro)
     if args.json:
-        emit_json({
-            "baseline": {k: round(v, 3) for k, v in b.items()},
-            "ticks": {"main_us": round(m["tick_main_us"], 3),
-                      "writer_us": round(m["tick_writer_us"], 3),
-                      "bytes_per_record": round(m["tick_bytes"], 1),
-                      "bytes_per_s": round(tick_bps), "hz": args.hz},
-            "frames": {"main_us": round(m["frame_main_us"], 3),
-                       "writer_us": round(m["frame_writer_us"], 3),
-                       "bytes_per_frame": round(m["frame_bytes"]), "jpeg_bytes": jpeg_bytes,
-                       "bytes_per_s": round(frame_bps), "fps": args.fps,
-                       "cameras": args.cameras},
-        })
+        emit_json(summary)
     return 0
 
 

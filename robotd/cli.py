@@ -1,6 +1,6 @@
-"""`robotd run | serve | check | trace | export | calibrate`: the daemon, the reference policy
-worker, a config check, looking at traces, exporting them as datasets, calibrating a servo
-arm."""
+"""`robotd run | serve | check | trace | replay | export | calibrate`: the daemon, the
+reference policy worker, a config check, looking at traces, replaying them, exporting them
+as datasets, calibrating a servo arm."""
 
 from __future__ import annotations
 
@@ -33,6 +33,21 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--worker", default=None, help="endpoint of a remote policy worker")
     run.add_argument("--no-status", action="store_true", help="no live status line")
     run.add_argument("--emulate", action="store_true", help="a servo arm on its bus emulator")
+    run.add_argument(
+        "--foxglove",
+        type=int,
+        nargs="?",
+        const=8765,
+        default=None,
+        metavar="PORT",
+        help="serve the trace's channels live to the Foxglove app (default port 8765)",
+    )
+    run.add_argument(
+        "--foxglove-host",
+        default="127.0.0.1",
+        help="address of the live view (the loopback unless told otherwise; prefer an ssh "
+        "tunnel to binding beyond it)",
+    )
     run.add_argument("-v", "--verbose", action="store_true")
 
     _serve_parser(sub.add_parser("serve", help="serve a policy to robotd daemons"))
@@ -49,6 +64,7 @@ def _parser() -> argparse.ArgumentParser:
     for name, text in (
         ("trace", "look at traces: trace ls [DIR] | trace show EPISODE.mcap"),
         ("export", "export traces: export RUN_OR_EPISODES --lerobot DIR"),
+        ("replay", "replay an episode through the tick code: replay EPISODE.mcap [--json]"),
         ("calibrate", "calibrate a servo arm: calibrate --config CONFIG"),
     ):
         sub.add_parser(name, help=text, add_help=False).add_argument("rest", nargs="...")
@@ -194,10 +210,11 @@ def _emulate(args: argparse.Namespace, cfg: Config) -> tuple[Config, Callable[[]
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
-    if argv[:1] == ["trace"] or argv[:1] == ["export"]:  # their own parsers (--help included)
+    if argv[:1] in (["trace"], ["export"], ["replay"]):  # their own parsers (--help included)
         from robotd.trace import cli as trace_cli
 
-        return trace_cli.main(argv[1:]) if argv[0] == "trace" else trace_cli.export(argv[1:])
+        sub = {"trace": trace_cli.main, "export": trace_cli.export, "replay": trace_cli.replay}
+        return sub[argv[0]](argv[1:])
     if argv[:1] == ["calibrate"]:
         from robotd.operator import calibrate
 
@@ -238,6 +255,8 @@ def main(argv: list[str] | None = None) -> int:
         worker=args.worker,
         status=not args.no_status,
         config_dir=Path(args.config).resolve().parent,
+        foxglove=args.foxglove,
+        foxglove_host=args.foxglove_host,
     )
     try:
         return daemon.run(cfg, opts)

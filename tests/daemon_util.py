@@ -27,6 +27,7 @@ class Daemon:
 
     def __init__(self, tmp: Path, *args: str, env: dict[str, str] | None = None) -> None:
         self.dir = tmp / "run"
+        self.traces = tmp / "traces"  # the trace's runs (never the repo's runs/)
         self.summary = tmp / "summary.json"
         argv = [
             sys.executable,
@@ -38,6 +39,8 @@ class Daemon:
             str(self.summary),
             "--set",
             f'runtime.dir="{self.dir}"',
+            "--set",
+            f'trace.dir="{self.traces}"',
             *args,
         ]
         full_env = {**os.environ, **(env or {})}

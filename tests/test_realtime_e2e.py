@@ -117,6 +117,8 @@ def run_daemon(
         'control.timing="realtime"',
         "--set",
         f'runtime.dir="{run_dir}"',
+        "--set",
+        f'trace.dir="{run_dir}/traces"',
         "--duration",
         str(DURATION_S),
         "--summary",

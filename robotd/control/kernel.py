@@ -19,6 +19,7 @@ import numpy as np
 
 from drivers.base import JointState
 from robotd.config import Config
+from robotd.control import resume
 from robotd.control.counters import Counters
 from robotd.control.delay import DelayPredictor
 from robotd.control.episode import CommandRefused, EpisodeMachine, State
@@ -160,6 +161,7 @@ class Kernel:
         """The worker's action contract: sync plays at most this many rows of a chunk;
         `rtc`: the policy takes each act's frozen prefix, which the merge then keeps."""
         self.playback.configure(open_loop_horizon, rtc)
+        self._event("contract", open_loop_horizon=open_loop_horizon, rtc=rtc)
         if self._autostart:
             self._autostart = False
             self._start_episode()
@@ -239,6 +241,7 @@ class Kernel:
             joints=joints,
             frames=frames,
             truth=truth,
+            tick=self.counters.ticks,
         )
         if not rec.ok:
             self.counters.invalid_observations += 1
@@ -288,7 +291,7 @@ class Kernel:
         n, self._skip = self._skip, 0
         limit = self.cfg.control.max_steps
         for _ in range(n):
-            rec = self.recorder.skipped(self.step)
+            rec = self.recorder.skipped(self.step, self.counters.ticks)
             if rec is not None:
                 self.emit(rec)
             self.step += 1
@@ -358,6 +361,7 @@ class Kernel:
         self.counters.episodes += 1
         self.watchdog.reset()
         self._new_worker_episode()
+        self.emit(resume.snapshot(self))  # what a replay of the episode starts from
         self._event("episode_start", episode=self.machine.episode, wep=self.wep)
 
     def _new_worker_episode(self, *, keep_seam: bool = False) -> int:
@@ -373,7 +377,7 @@ class Kernel:
         self._episode_ended(outcome)
         return True
 
-    def _episode_ended(self, outcome: str) -> None:
+    def _episode_ended(self, outcome: str, cause: str = "") -> None:
         flushed = self.playback.reset()
         m = self.machine
         self._event(
@@ -381,6 +385,7 @@ class Kernel:
             episode=m.episode,
             wep=self.wep,
             outcome=outcome,
+            cause=cause,  # a fault's cause (a replay tells the operator's from the kernel's)
             steps=self.step,
             flushed=flushed,
         )
@@ -389,7 +394,7 @@ class Kernel:
         """Latch FAULT; a running episode ends as 'fault' with its queue flushed (which is
         also what makes a safety cause gone: nothing of the offending chunk remains)."""
         if self.machine.state is State.RUNNING:
-            self._episode_ended("fault")
+            self._episode_ended("fault", cause)
         self.latch.latch(cause, detail, self.counters.ticks)
 
     def _event(self, name: str, **detail: Any) -> None:

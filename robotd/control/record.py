@@ -36,6 +36,7 @@ class StepRecorder:
         joints: JointState,
         frames: Mapping[str, FrameRef | None],
         truth: dict[str, float] | None,
+        tick: int = 0,
     ) -> Step:
         """The record of this tick's step; `ok` False when a camera's frame is missing or
         too old."""
@@ -56,14 +57,16 @@ class StepRecorder:
             cams,
             ok,
             gt=truth or None,
+            tick=tick,
         )
         self.last = rec
         return rec
 
-    def skipped(self, step: int) -> Step | None:
+    def skipped(self, step: int, tick: int = 0) -> Step | None:
         """The record of a skipped step: the last one's observation, marked, or None when
         nothing was recorded yet in this episode."""
         last = self.last
         if last is None:
             return None
-        return Step(last.ep, last.wep, step, last.t, last.pos, last.vel, last.cams, last.ok, True)
+        return Step(last.ep, last.wep, step, last.t, last.pos, last.vel, last.cams, last.ok, True,
+                    tick=tick)

@@ -7,7 +7,8 @@ to the robot's group) takes `Estop` and nothing else.
 
 Up (control → main): `Step` (one per control tick: the observation made and, filled in at
 the end of the tick, what was done with it), `Ask`, `Merged` (the report of a chunk
-merged into the queue), `Stats`, `Status`, `Reply`, `Event`, `Ready`, `Bye`.
+merged into the queue), `StartState` (what the kernel held when an episode started: what a
+replay of the episode starts from), `Stats`, `Status`, `Reply`, `Event`, `Ready`, `Bye`.
 
 Each is a msgspec Struct tagged by its field "k"; robotd.lane.codec encodes and decodes
 them (msgpack on the wire), and decoding validates every field against these types and
@@ -147,7 +148,8 @@ class Step(_Msg, tag="step"):
     from it), `skipped` for a step an overrun or a failed read skipped (it repeats the
     last record), `gt` the simulator's ground truth. What was done: `target` written (None:
     nothing written), `held` (no row to play, or a rejected one), `shield` the shield's
-    outcome ("" when the row passed untouched).
+    outcome ("" when the row passed untouched). `tick`: the kernel's tick count when the
+    step was made (a gap between two steps' ticks is ticks whose joint read failed).
     """
 
     ep: int
@@ -163,6 +165,7 @@ class Step(_Msg, tag="step"):
     target: Vector | None = None
     held: bool = False
     shield: Literal["", "clipped", "clamped", "rejected"] = ""
+    tick: Annotated[int, msgspec.Meta(ge=0)] = 0
 
 
 class Rtc(msgspec.Struct, forbid_unknown_fields=True):
@@ -201,6 +204,41 @@ class Merged(_Msg, tag="merged"):
     dropped: int
     stale: bool
     refill: Annotated[int, msgspec.Meta(ge=0)] = 0
+
+
+class StartState(_Msg, tag="start_state"):
+    """What the kernel held as operator episode `ep` started, emitted just before its
+    `episode_start` event: with the config and the episode's recorded inputs, a replay
+    (robotd.trace.replay) starts from here and must play the same targets.
+
+    `tick` the kernel's tick count; `run_id` and `wep_n` name the worker-side episodes
+    (`wep` is run_id-wep_n); the shield's anchor (`last`, None before any read) and last
+    step (`last_step`) and its run of rejections (`rejections`); the playback's last ask
+    id, the tick before which it may not ask (`retry_at`) and the contract's
+    `open_loop_horizon` and whether the policy takes frozen prefixes (`rtc`); the delays
+    of the recent acts the next delay is predicted from (`delays`, oldest first); the fault
+    latch (`torque`, `anchored`); steps pending a skip (`skip`) and failed reads in a row
+    (`read_failures`); the operator's `task`.
+    """
+
+    ep: int
+    wep: Ident
+    run_id: Ident
+    wep_n: Annotated[int, msgspec.Meta(ge=0)]
+    tick: Annotated[int, msgspec.Meta(ge=0)]
+    last: Vector | None
+    last_step: Vector | None
+    rejections: Annotated[int, msgspec.Meta(ge=0)]
+    ask_id: Annotated[int, msgspec.Meta(ge=0)]
+    retry_at: int
+    open_loop_horizon: Annotated[int, msgspec.Meta(ge=1)] | None
+    torque: bool
+    anchored: bool
+    skip: Annotated[int, msgspec.Meta(ge=0)]
+    read_failures: Annotated[int, msgspec.Meta(ge=0)]
+    task: Annotated[str, msgspec.Meta(max_length=MAX_TASK)] = ""
+    rtc: bool = False
+    delays: Annotated[list[Annotated[int, msgspec.Meta(ge=0)]], msgspec.Meta(max_length=256)] = []
 
 
 class Fault(msgspec.Struct, forbid_unknown_fields=True):
@@ -293,4 +331,4 @@ class Bye(_Msg, tag="bye"):
     """The loop stopped; nothing more comes."""
 
 
-UpMsg = Step | Ask | Merged | Stats | Status | Reply | Event | Ready | Bye
+UpMsg = Step | Ask | Merged | StartState | Stats | Status | Reply | Event | Ready | Bye

@@ -17,7 +17,7 @@ from __future__ import annotations
 import logging
 from collections import deque
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import Any, Protocol
 
 import anyio
 import anyio.abc
@@ -30,11 +30,21 @@ from robotd.link.connect import PolicyLink, StartupError, build_link, connect_po
 from robotd.link.health import LinkHealth
 from robotd.link.replies import ping_episode
 from robotd.link.steps import LinkCounters, StepRing
+from robotd.link.uplink import UplinkTap
 from robotd.shm import FrameRing
 
 log = logging.getLogger("robotd.link")
 
 PING_EVERY_S = 0.02
+
+
+class LinkTap(UplinkTap, Protocol):
+    """Told what the link does (the trace: robotd.runtime.recorder): what went up, what
+    the worker refused, and the link's own events. Returns at once."""
+
+    def link(self, kind: str, detail: Mapping[str, Any] | None = None, **more: Any) -> None:
+        """A link event of `kind` (reconnect: the worker gone, then back)."""
+        ...
 
 
 class PolicySession:
@@ -69,6 +79,7 @@ class PolicySession:
         self._handshake: Handshake | None = None
         self._closing = False
         self._replies_before = (0, 0)  # late and unknown replies of clients gone
+        self.trace: LinkTap | None = None  # set before connect: every uplink is tapped
 
     @property
     def handshake(self) -> Handshake | None:
@@ -120,6 +131,7 @@ class PolicySession:
     def _install(self, link: PolicyLink) -> None:
         self.link, self._handshake = link, link.handshake
         if link.uplink is not None:
+            link.uplink.tap = self.trace
             assert self._tg is not None
             self._tg.start_soon(self._run_uplink, link)
 
@@ -172,6 +184,8 @@ class PolicySession:
         if self._closing or not self.health.gone(reason):
             return
         log.warning("policy worker gone: %s; the robot holds, reconnecting", reason)
+        if self.trace is not None:
+            self.trace.link("reconnect", state="gone", reason=reason[:500])
         self._report_lost(f"worker gone: {reason}")
         link, self.link = self.link, None
         if self._uplink_scope is not None:
@@ -236,6 +250,8 @@ class PolicySession:
     def _back(self) -> None:
         away = self.health.up()
         self.counters.reconnects = self.health.reconnects
+        if self.trace is not None:
+            self.trace.link("reconnect", state="back", away_s=round(away, 3))
         log.warning("policy worker back after %.1f s: the episode goes on in a new one", away)
 
     # ---- the lane's messages -----------------------------------------------------------------

@@ -29,7 +29,7 @@ import logging
 from collections import deque
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any, Literal, Protocol
 
 import anyio
 import numpy as np
@@ -42,9 +42,26 @@ from robotd.link.posts import UplinkLimits
 from robotd.link.steps import FrameLost, LinkCounters, StepReader
 from robotd.link.windows import WindowPlanner
 
-__all__ = ["Uplink", "UplinkLimits"]
+__all__ = ["Uplink", "UplinkLimits", "UplinkTap"]
 
 log = logging.getLogger("robotd.link")
+
+
+class UplinkTap(Protocol):
+    """Told what went up (the trace: robotd.runtime.recorder). Called on the event loop;
+    must return at once and must not keep or change what it is handed beyond reading it."""
+
+    def posted(
+        self, wep: str, step: int, frames: Mapping[str, Mapping[str, Any]],
+        values: Mapping[str, Any],
+    ) -> None:
+        """Step `step`'s keys were posted: `frames` as encoded for the wire
+        (robotd.frames.to_wire), `values` the other keys."""
+        ...
+
+    def refused(self, wep: str, step: int, keys: list[str]) -> None:
+        """The worker refused a post."""
+        ...
 
 
 @dataclass(slots=True)
@@ -102,6 +119,7 @@ class Uplink:
         self._jobs: tuple[deque[_Job], deque[_Job]] = (deque(), deque())  # urgent, in order
         self._job_ready = Signal()
         self.mispredicted = 0  # (step, key) pairs that went up only just before their act
+        self.tap: UplinkTap | None = None  # told what went up (the trace)
 
     # ---- what the main process tells it -----------------------------------------------------
 
@@ -279,6 +297,11 @@ class Uplink:
         sent = ep.sent.get(step) if ep is not None else None
         if sent is not None:
             sent.difference_update(keys)
+        if self.tap is not None:
+            try:
+                self.tap.refused(wep, step, keys)
+            except Exception:  # the trace's trouble never stops the uploads
+                log.exception("the uplink's tap failed")
 
     def _skip(self, wep: str, step: int, keys: list[str], reason: str) -> None:
         if wep not in self._eps:  # the episode ended: the worker forgot it
@@ -319,3 +342,8 @@ class Uplink:
         urgent = urgent or job.step in self._urgent.get(job.wep, ())
         if job.values or frames:
             self.conn.post(job.wep, job.step, job.values, frames, urgent=urgent)
+            if self.tap is not None:
+                try:
+                    self.tap.posted(job.wep, job.step, frames, job.values)
+                except Exception:  # the trace's trouble never stops the uploads
+                    log.exception("the uplink's tap failed")

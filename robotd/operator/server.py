@@ -15,6 +15,7 @@ import logging
 import os
 import stat
 import time
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -121,8 +122,13 @@ def _ipc_path(ep: str) -> Path | None:
     return Path(ep.removeprefix("ipc://")) if ep.startswith("ipc://") else None
 
 
+# Told every answered request: (cmd, validated args, error or None, result) — the trace.
+OnCommand = Callable[[str, Mapping[str, Any], "str | None", Any], None]
+
+
 class OperatorServer:
-    """Serves operator requests: reads through the daemon's view, commands the lane."""
+    """Serves operator requests: reads through the daemon's view, commands the lane.
+    `on_command` hears each request as answered (it must return at once)."""
 
     def __init__(
         self,
@@ -132,7 +138,9 @@ class OperatorServer:
         run_dir: Path,
         ctx: zmq.asyncio.Context,
         policy: PolicyParams | None = None,
+        on_command: OnCommand | None = None,
     ) -> None:
+        self.on_command = on_command
         self.view = view
         self.lane = lane
         self.policy = policy
@@ -219,6 +227,7 @@ class OperatorServer:
             result: Any = self.handle_local(req)
         except RequestError as exc:
             result = exc
+        self._told(req, result)
         await self._reply(envelope, req.rid, result)
 
     async def _answer_params(self, envelope: list[bytes], req: Request) -> None:
@@ -228,6 +237,7 @@ class OperatorServer:
             result = exc
         except TimeoutError as exc:
             result = RequestError("timeout", f"the policy worker did not answer: {exc}")
+        self._told(req, result)
         await self._reply(envelope, req.rid, result)
 
     async def handle_params(self, args: dict[str, Any]) -> Any:
@@ -254,6 +264,16 @@ class OperatorServer:
         log.info("operator: params set %s (from the next episode on)", summary(changes))
         return result
 
+    def _told(self, req: Request, result: Any) -> None:
+        if self.on_command is None:
+            return
+        failed = isinstance(result, RequestError)
+        error = f"{result.code}: {result}" if failed else None
+        try:
+            self.on_command(req.cmd, req.args, error, None if failed else result)
+        except Exception:  # the trace must never cost an operator their answer
+            log.exception("recording the operator command %s", req.cmd)
+
     async def _answer_lane(self, envelope: list[bytes], req: Request) -> None:
         try:
             result: Any = await self.handle_lane(req)
@@ -263,6 +283,7 @@ class OperatorServer:
             result = RequestError("timeout", str(exc))
         except LaneBusy as exc:
             result = RequestError("busy", str(exc))
+        self._told(req, result)
         await self._reply(envelope, req.rid, result)
 
     async def handle_lane(self, req: Request) -> Any:
@@ -340,6 +361,7 @@ class OperatorServer:
             "ask_latency": s.ask_latency(),
             "act_rtt_ms": s.act_rtt_ms(),
             "infer_ms": s.infer_ms(),
+            "robot": self.view.robot_state(),
         }
 
     async def _telemetry(self) -> None:

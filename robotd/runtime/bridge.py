@@ -66,6 +66,7 @@ class LaneBridge:
         self.status: Status | None = None  # the lane's latest word on its state
         self.dropped = 0  # down messages dropped because the lane's inbound queue was full
         self.bad = 0  # up frames that did not decode
+        self.tap: Callable[[Any], None] | None = None  # told each message sent down (the trace)
 
     def on(self, kind: type, handler: Callable[[Any], None]) -> None:
         self._handlers[kind] = handler
@@ -89,11 +90,16 @@ class LaneBridge:
         """Send one message down without waiting; False (logged) when the queue is full."""
         try:
             self.down.send(codec.encode(msg), zmq.NOBLOCK)
-            return True
         except zmq.Again:
             self.dropped += 1
             log.error("control lane inbound queue full: dropped %s", type(msg).__name__)
             return False
+        if self.tap is not None:
+            try:
+                self.tap(msg)
+            except Exception:  # the trace's trouble is never the lane's
+                log.exception("the lane's tap failed on %s", type(msg).__name__)
+        return True
 
     async def command(
         self, cmd: str, *, reason: str = "", task: str = "", timeout_s: float = 5.0

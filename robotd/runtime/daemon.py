@@ -22,7 +22,7 @@ import zmq.asyncio
 
 from robotd.config import Config, runtime_dir
 from robotd.contract import ContractError
-from robotd.lane.messages import Ask, Bye, Event, Merged, Ready, Shutdown, Stats, Step
+from robotd.lane.messages import Ask, Bye, Event, Merged, Ready, Shutdown, StartState, Stats, Step
 from robotd.link.connect import StartupError
 from robotd.link.session import PolicySession
 from robotd.operator.server import OperatorServer
@@ -31,6 +31,7 @@ from robotd.runtime import sdnotify
 from robotd.runtime.bridge import LaneBridge
 from robotd.runtime.children import Children, LaneEndpoints, Shared, create_shared
 from robotd.runtime.events import EventLog
+from robotd.runtime.recorder import Recorder, open_recorder, tee
 from robotd.runtime.rundir import lock_run_dir
 from robotd.runtime.summary import RunSummary
 from robotd.runtime.supervisor import Supervisor
@@ -48,6 +49,8 @@ class Options:
     worker: str | None = None
     status: bool = True
     config_dir: Path | None = None  # where the config file is (calibration files beside it)
+    foxglove: int | None = None  # serve the trace's channels live on this port
+    foxglove_host: str = "127.0.0.1"
 
 
 class Daemon:
@@ -71,24 +74,44 @@ class Daemon:
         self._scope: anyio.CancelScope | None = None  # start-up and run; a signal cancels it
         self.events = EventLog(cfg.control, self.summary, self._episode_ended)
         self.view = DaemonView(
-            self.run_id, cfg.robot.name, self.summary, lambda: self.bridge.status, self._link
+            self.run_id,
+            cfg.robot.name,
+            self.summary,
+            lambda: self.bridge.status,
+            self._link,
+            self._robot,
         )
+        self.recorder: Recorder | None = None
+        self._last_step: Step | None = None
 
     def _link(self) -> dict[str, object]:
         return self.session.state() if self.session is not None else {"state": "connecting"}
 
+    def _robot(self) -> dict[str, object]:
+        st, status = self._last_step, self.bridge.status
+        return {
+            "pos": None if st is None else [round(x, 5) for x in st.pos],
+            "target": None if st is None or st.target is None else [round(x, 5) for x in st.target],
+            "queue": None if status is None else status.queue,
+        }
+
     def _route(self) -> None:
-        """Who handles which message from the control lane."""
-        b = self.bridge
-        b.on(Step, self._on_step)
-        b.on(Ask, lambda m: self.session.on_ask(m) if self.session else None)
-        b.on(Merged, self._on_merged)
-        b.on(Stats, self._on_stats)
-        b.on(Event, self.events.on_event)
+        """Who handles which message from the control lane (and the trace, each kind it
+        keeps, after its handler)."""
+        b, rec = self.bridge, self.recorder
+        b.on(Step, tee(self._on_step, rec, Step))
+        b.on(Ask, tee(lambda m: self.session.on_ask(m) if self.session else None, rec, Ask))
+        b.on(Merged, tee(self._on_merged, rec, Merged))
+        b.on(Stats, tee(self._on_stats, rec, Stats))
+        b.on(Event, tee(self.events.on_event, rec, Event))
         b.on(Ready, self._on_ready)
         b.on(Bye, lambda m: self.lane_done.set())
+        if rec is not None:
+            b.on(StartState, rec.on_start_state)
+            b.tap = rec.sent
 
     def _on_step(self, msg: Step) -> None:
+        self._last_step = msg
         self.summary.on_step(msg)
         if self.session is not None:
             self.session.on_step(msg)
@@ -119,6 +142,9 @@ class Daemon:
     # ---- the run ---------------------------------------------------------------------------
 
     async def run(self) -> int:
+        self.recorder = open_recorder(
+            self.cfg, live_port=self.opts.foxglove, live_host=self.opts.foxglove_host
+        )
         self._route()
         try:
             self.shared = create_shared(self.cfg)
@@ -172,6 +198,7 @@ class Daemon:
             worker_failed=lambda: children.worker_failed,
             task=lambda: b.status.task if b.status is not None else "",
         )
+        self.session.trace = self.recorder  # uploads, refusals, reconnects (None: no trace)
         try:
             b.send(await self.session.connect(tg))
         except (StartupError, ContractError) as exc:
@@ -180,7 +207,11 @@ class Daemon:
             return
         self.summary.link = self.session.counters
         self.summary.session = self.session
-        await OperatorServer(self.view, b, self.cfg, self.dir, self.ctx, self.session).start(tg)
+        on_command = self.recorder.operator if self.recorder is not None else None
+        operator = OperatorServer(
+            self.view, b, self.cfg, self.dir, self.ctx, self.session, on_command
+        )
+        await operator.start(tg)
         if self.opts.status:
             tg.start_soon(StatusLine(self.view).run)
         sdnotify.notify("READY=1", f"STATUS=running at {self.cfg.control.hz:g} Hz")
@@ -217,8 +248,12 @@ class Daemon:
         await sup.stop_all(grace_s=5.0, first=("control",))
         if self.session is not None:
             await self.session.close()
+        if self.recorder is not None:  # the lane's last messages are in: close the files
+            await anyio.to_thread.run_sync(self.recorder.store.close)
 
     def _close(self) -> None:
+        if self.recorder is not None:
+            self.recorder.store.close()  # (already closed unless the shutdown failed)
         self.bridge.close()
         self.ctx.term()
         for ep in (self.bridge.down_ep, self.bridge.estop_ep):

@@ -5,7 +5,7 @@ it can change the daemon; commands go through `LaneCommands`."""
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 import msgspec
@@ -42,16 +42,22 @@ class PolicyParams(Protocol):
 class DaemonView:
     """What operators may read: `state()` the lane's latest status as a plain dict (empty
     before the lane first spoke), `summary` the run's numbers, `link()` the policy link's
-    state in a few words."""
+    state in a few words, `robot_state()` the joints as the last step left them."""
 
     run_id: str
     robot: str
     summary: RunSummary
     _status: Callable[[], Status | None]
     _link: Callable[[], dict[str, Any]]
+    _robot: Callable[[], dict[str, Any]] = field(default=dict)
 
     def state(self) -> dict[str, Any]:
         return status_dict(self._status())
 
     def link(self) -> dict[str, Any]:
         return self._link()
+
+    def robot_state(self) -> dict[str, Any]:
+        """{"pos", "target", "queue"}: joint positions read and targets written at the last
+        step (None before the first), and the rows queued."""
+        return self._robot()

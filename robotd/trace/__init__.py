@@ -5,7 +5,9 @@ daemon calls: `TraceStore`, `EpisodeWriter`), `writer` (the writer thread), `out
 bounded queue between them), `mcapfile` / `mcapscan` (writing and strictly scanning MCAP),
 `reader` (reading back, torn files included), `budget` (the disk budget), `rundir` (run
 directories), `options` / `start` (the ``[trace]`` config), `show` / `ls` (the CLI),
-`live` (Foxglove live view), `lerobot` / `video` / `export` (dataset export).
+`live` (Foxglove live view), `replay_input` / `replay` (``robotd replay``: an episode run
+again through the tick code), `lerobot` / `video` / `export` (dataset export). The daemon's
+mapping of what it sees onto the channels is robotd.runtime.recorder.
 
 This package's ``__init__`` imports nothing, so that loading the config stays light.
 """

@@ -30,3 +30,10 @@ def export(argv: list[str]) -> int:
     from robotd.trace.export import main as export_main
 
     return export_main(argv)
+
+
+def replay(argv: list[str]) -> int:
+    """``robotd replay``: see robotd.trace.replay."""
+    from robotd.trace.replay import main as replay_main
+
+    return replay_main(argv)

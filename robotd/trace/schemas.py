@@ -19,9 +19,11 @@ CHUNK = "/policy/chunk"
 EVENTS = "/events"
 OPERATOR = "/operator"
 LINK = "/link"
+START_STATE = "/robot/start_state"
 CAMERA_PREFIX = "/camera/"
 
 SHIELD_KINDS = ("", "clipped", "clamped", "rejected")
+CHUNK_RESULTS = ("merged", "stale", "bad", "discarded")
 LINK_KINDS = ("upload", "refusal", "reconnect", "episode_reset")
 
 # Names of the /events records the trace itself writes.
@@ -74,12 +76,17 @@ _TICK = _object(
         "shield": {"type": "string", "enum": list(SHIELD_KINDS)},
         "ok": {"type": "boolean"},  # the observation was valid
         "skipped": {"type": "boolean"},  # an overrun: the tick was skipped
+        "tick": _INT,  # the kernel's tick count (a gap: ticks whose joint read failed)
+        # each camera's newest frame at the tick: [frame index, capture time ns] or null
+        "cams": {"type": "object", "additionalProperties": {
+            "type": ["array", "null"], "items": _INT}},
     },
 )
 _ASK = _object(
     "robotd.Ask",
-    "An act asked from step s with the queue depth and the predicted delay in steps.",
-    {"id": _INT, "wep": _STR, "s": _INT, "queue": _INT, "delay": _INT},
+    "An act asked from step s with the queue depth, the predicted delay in steps (0: none)"
+    " and the rows of its frozen prefix.",
+    {"id": _INT, "wep": _STR, "s": _INT, "queue": _INT, "delay": _INT, "frozen": _INT},
 )
 _CHUNK = _object(
     "robotd.Chunk",
@@ -88,10 +95,12 @@ _CHUNK = _object(
         "ask": _INT,
         "wep": _STR,
         "from": _INT,
-        "at": _INT,
+        "at": {"type": ["integer", "null"]},  # null: never merged (bad, discarded)
         "rows": {"type": "array", "items": _NUMS},
         "dropped": _INT,  # rows already in the past when it arrived
         "stale": {"type": "boolean"},  # wholly in the past: discarded
+        "result": {"type": "string", "enum": list(CHUNK_RESULTS)},
+        "tick": {"type": ["integer", "null"]},  # bad or discarded: the tick that said so
     },
 )
 _EVENT = _object(
@@ -108,6 +117,20 @@ _LINK = _object(
     "robotd.LinkEvent",
     "The policy link: uploads, refusals, reconnects, worker-side episode resets.",
     {"kind": {"type": "string", "enum": list(LINK_KINDS)}, "detail": _OBJ},
+)
+_VEC_OR_NULL = {"type": ["array", "null"], "items": _NUM}
+_START_STATE = _object(
+    "robotd.StartState",
+    "What the control kernel held as the episode started: where a replay starts from.",
+    {
+        "ep": _INT, "wep": _STR, "run_id": _STR, "wep_n": _INT, "tick": _INT,
+        "last": _VEC_OR_NULL, "last_step": _VEC_OR_NULL, "rejections": _INT,
+        "ask_id": _INT, "retry_at": _INT,
+        "open_loop_horizon": {"type": ["integer", "null"]},
+        "torque": {"type": "boolean"}, "anchored": {"type": "boolean"},
+        "skip": _INT, "read_failures": _INT, "task": _STR, "rtc": {"type": "boolean"},
+        "delays": {"type": "array", "items": _INT},
+    },
 )
 # Foxglove's published JSON schema for foxglove.CompressedImage (plus frame_index, ours).
 COMPRESSED_IMAGE = {
@@ -144,6 +167,7 @@ CHANNELS: dict[str, ChannelSpec] = {
         ChannelSpec(EVENTS, "robotd.Event", _EVENT),
         ChannelSpec(OPERATOR, "robotd.OperatorCommand", _OPERATOR),
         ChannelSpec(LINK, "robotd.LinkEvent", _LINK),
+        ChannelSpec(START_STATE, "robotd.StartState", _START_STATE),
     )
 }
 

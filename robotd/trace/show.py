@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from robotd.trace.reader import TraceError, TraceMessage, TraceReader
-from robotd.trace.schemas import TICK, is_camera_topic
+from robotd.trace.schemas import START_STATE, TICK, is_camera_topic
 
 
 def _tick_state(r: dict[str, Any]) -> str:
@@ -66,6 +66,9 @@ def _one(msg: TraceMessage) -> str:
         return f"operator {r.get('cmd')} {json.dumps(r.get('args'))} -> {verdict}"
     if msg.topic == "/link":
         return f"link {r.get('kind')} {json.dumps(r.get('detail'))}"
+    if msg.topic == START_STATE:
+        return (f"start state tick={r.get('tick')} wep={r.get('wep')} anchor={_nums(r.get('last'))}"
+                f" asks so far={r.get('ask_id')} horizon={r.get('open_loop_horizon')}")
     return f"{msg.topic} {json.dumps(r)[:200]}"
 
 

@@ -22,6 +22,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from robotd.trace.outbox import Outbox
 from robotd.trace.rundir import (
     RUN_JSON,
@@ -77,14 +79,29 @@ class EpisodeWriter:
         """Record a camera frame as it was handed to the policy (compressed bytes)."""
         return self._store._frame(self._key, camera, log_time_ns, jpeg, frame_index, fmt)
 
+    def frame_pixels(
+        self, camera: str, log_time_ns: int, pixels: np.ndarray, frame_index: int
+    ) -> bool:
+        """Record a frame given as pixels (HWC uint8 RGB, an array of its own: never a view
+        of a camera ring); the writer thread encodes it as JPEG."""
+        return self._store._pixels(self._key, camera, log_time_ns, pixels, frame_index)
+
     def end(
-        self, outcome: str, verdict: dict[str, Any] | None = None, log_time_ns: int | None = None
+        self,
+        outcome: str,
+        verdict: dict[str, Any] | None = None,
+        log_time_ns: int | None = None,
+        *,
+        tick: int | None = None,
+        detail: dict[str, Any] | None = None,
     ) -> None:
-        """Close the episode's file cleanly (a verdict given later goes to `store.verdict`)."""
+        """Close the episode's file cleanly (a verdict given later goes to `store.verdict`).
+        `tick` and `detail` (the control lane's word on the end) go into its episode_end
+        event."""
         if not self.ended:
             self.ended = True
             t = time.time_ns() if log_time_ns is None else log_time_ns
-            self._store._end(self, outcome, verdict, t)
+            self._store._end(self, outcome, verdict, t, tick, detail)
 
 
 class TraceStore:
@@ -140,9 +157,12 @@ class TraceStore:
         worker_episode: str,
         task: str | None,
         log_time_ns: int | None = None,
+        *,
+        tick: int | None = None,
     ) -> EpisodeWriter:
         """Open episode `episode`'s file (an episode still open is ended as ``superseded``).
-        `log_time_ns` (default now) stamps its episode_start event."""
+        `log_time_ns` (default now) stamps its episode_start event, `tick` (the control
+        lane's tick count) goes into it."""
         if not isinstance(episode, int) or not 0 <= episode < 10**9:
             raise ValueError(f"trace: episode must be an int in [0, 1e9), got {episode!r}")
         if self._current is not None:
@@ -152,7 +172,8 @@ class TraceStore:
         self._current = writer
         task = None if task is None else str(task)[:10_000]
         t = time.time_ns() if log_time_ns is None else log_time_ns
-        self._outbox.put_control(("begin", writer._key, episode, str(worker_episode), task, t))
+        self._outbox.put_control(
+            ("begin", writer._key, episode, str(worker_episode), task, t, tick))
         return writer
 
     def write(self, channel: str, log_time_ns: int, record: Any) -> bool:
@@ -216,10 +237,22 @@ class TraceStore:
         return self._outbox.put_frame(("f", key, camera_topic(camera), t, jpeg, index, fmt),
                                       len(jpeg))
 
-    def _end(self, writer: EpisodeWriter, outcome: str, verdict: Any, t: int) -> None:
+    def _pixels(self, key: int, camera: str, t: int, pixels: np.ndarray, index: int) -> bool:
+        if not self.frames_on:
+            return True
+        if not valid_camera_name(camera):
+            raise ValueError(f"trace: bad camera name {camera!r}")
+        if not (isinstance(pixels, np.ndarray) and pixels.dtype == np.uint8
+                and pixels.ndim == 3 and pixels.shape[2] == 3):
+            raise ValueError(f"trace: camera {camera!r}: pixels must be HWC uint8 RGB")
+        return self._outbox.put_frame(("p", key, camera_topic(camera), t, pixels, index),
+                                      pixels.nbytes)
+
+    def _end(self, writer: EpisodeWriter, outcome: str, verdict: Any, t: int,
+             tick: int | None = None, detail: dict[str, Any] | None = None) -> None:
         if self._current is writer:
             self._current = None
-        self._outbox.put_control(("end", writer._key, str(outcome), verdict, t))
+        self._outbox.put_control(("end", writer._key, str(outcome), verdict, t, tick, detail))
 
 
 def _hz(cfg: dict[str, Any]) -> float | None:

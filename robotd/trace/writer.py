@@ -91,7 +91,12 @@ class WriterThread(threading.Thread):
             self._message(item[1], item[2], item[3], item[4])
             return False
         if kind == "f":
+            self.outbox.bytes_out += len(item[4])
             self._frame(*item[1:])
+            return False
+        if kind == "p":
+            self.outbox.bytes_out += item[4].nbytes
+            self._pixels(*item[1:])
             return False
         # drops so far belong to the file open now, before a control item changes it
         self._note_drops()
@@ -135,7 +140,6 @@ class WriterThread(threading.Thread):
     def _frame(
         self, key: int | None, topic: str, log_time_ns: int, jpeg: bytes, index: int, fmt: str
     ) -> None:
-        self.outbox.bytes_out += len(jpeg)
         spec = spec_for(topic)
         if spec is None:
             self._complain(f"topic:{topic}", f"trace: no camera channel {topic!r}")
@@ -146,6 +150,15 @@ class WriterThread(threading.Thread):
             target.frames += 1
         self._emit(target, spec, log_time_ns, data)
         self.frames += 1
+
+    def _pixels(self, key: int | None, topic: str, t: int, pixels: Any, index: int) -> None:
+        """A frame given as RGB pixels: JPEG-encoded here, off the event loop."""
+        try:
+            jpeg = _jpeg(pixels)
+        except Exception as exc:  # cv2.error, a bad array: one frame lost, said once
+            self._complain(f"jpeg:{topic}", f"trace: {topic}: cannot encode a frame: {exc}")
+            return
+        self._frame(key, topic, t, jpeg, index, "jpeg")
 
     def _emit(self, target: OpenFile | None, spec: ChannelSpec, t: int, data: bytes) -> None:
         if self.sink is not None:
@@ -165,9 +178,10 @@ class WriterThread(threading.Thread):
             self._broken(target, exc)
 
     def _event(
-        self, target: OpenFile | None, name: str, detail: dict[str, Any], t: int | None = None
+        self, target: OpenFile | None, name: str, detail: dict[str, Any], t: int | None = None,
+        tick: int | None = None,
     ) -> None:
-        data = codec.encode({"name": name, "tick": None, "detail": detail})
+        data = codec.encode({"name": name, "tick": tick, "detail": detail})
         self._emit(target, _EVENT_SPEC, time.time_ns() if t is None else t, data)
 
     def _note_drops(self) -> None:
@@ -203,13 +217,14 @@ class WriterThread(threading.Thread):
             self.session = OpenFile(mf, None, None)
         return self.session if self.session is None or not self.session.broken else None
 
-    def _begin(self, key: int, episode: int, wep: str, task: str | None, t: int) -> None:
+    def _begin(self, key: int, episode: int, wep: str, task: str | None, t: int,
+               tick: int | None = None) -> None:
         if self.current is not None:
             self._end(self.current, "superseded", None, t)
         self.current = key
+        start = {"episode": episode, "worker_episode": wep, "task": task}
         if self.run_dir is None:  # a live view alone
-            self._event(None, EPISODE_START, {"episode": episode, "worker_episode": wep,
-                                              "task": task}, t)
+            self._event(None, EPISODE_START, start, t, tick)
             return
         info = {"episode": episode, "worker_episode": wep, "task": task,
                 "run": self.run_dir.name, "started": iso_now(), "ended": None,
@@ -221,24 +236,27 @@ class WriterThread(threading.Thread):
             return
         f = OpenFile(mf, episode, mf.path.with_suffix(".json"), info={**info, "file": mf.path.name})
         self.files[key] = f
-        self._event(f, EPISODE_START, {"episode": episode, "worker_episode": wep, "task": task}, t)
+        self._event(f, EPISODE_START, start, t, tick)
         try:
             f.write_sidecar()
         except OSError as exc:
             self._broken(f, exc)
 
-    def _end(self, key: int, outcome: str, verdict: Any, t: int) -> None:
+    def _end(self, key: int, outcome: str, verdict: Any, t: int, tick: int | None = None,
+             detail: dict[str, Any] | None = None) -> None:
         was_current = self.current == key
         if was_current:
             self.current = None
         f = self.files.pop(key, None)
+        extra = detail if isinstance(detail, dict) else {}
         if f is None:
             if was_current:  # a live view alone, or a file that never opened
-                self._event(None, EPISODE_END, {"outcome": outcome, "verdict": verdict}, t)
+                self._event(None, EPISODE_END, {**extra, "outcome": outcome, "verdict": verdict},
+                            t, tick)
             return
         if verdict is None:
             verdict = f.info.get("verdict")
-        self._event(f, EPISODE_END, {"outcome": outcome, "verdict": verdict}, t)
+        self._event(f, EPISODE_END, {**extra, "outcome": outcome, "verdict": verdict}, t, tick)
         f.info.update(outcome=outcome, verdict=verdict, ended=iso_now())
         self._close_file(f, {"outcome": outcome, "verdict": verdict, **f.summary()})
         if f.sidecar is not None and f.episode is not None:
@@ -324,6 +342,16 @@ class WriterThread(threading.Thread):
         n = self._complaints[key] = self._complaints.get(key, 0) + 1
         if n == 1 or n % 1000 == 0:
             log.error("%s%s", text, f" ({n} times)" if n > 1 else "")
+
+
+def _jpeg(pixels: Any, quality: int = 85) -> bytes:
+    import cv2  # only a trace with frames given as pixels needs it
+
+    ok, buf = cv2.imencode(".jpg", cv2.cvtColor(pixels, cv2.COLOR_RGB2BGR),
+                           [cv2.IMWRITE_JPEG_QUALITY, quality])
+    if not ok:
+        raise ValueError(f"JPEG encoding of a {pixels.shape} frame failed")
+    return buf.tobytes()
 
 
 def episode_name_attempt(stem: str, attempt: int) -> str:

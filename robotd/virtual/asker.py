@@ -89,6 +89,7 @@ class VirtualAsker:
         self.due: dict[int, list[Callable[[], None]]] = {}
         self._wep = ""
         self._prev_act: int | None = None
+        self.on_chunk: Callable[[Chunk], None] | None = None  # told each chunk answered
 
     def on_step(self, rec: Step) -> None:
         self.steps.add(rec)
@@ -110,6 +111,8 @@ class VirtualAsker:
             outcome: Chunk | str = Chunk(ask.id, wep, step, rows)
         except Exception as exc:  # a failing policy is an act failure, never a crash
             outcome = f"act failed: {type(exc).__name__}: {exc}"
+        if self.on_chunk is not None and isinstance(outcome, Chunk):
+            self.on_chunk(outcome)
         delay = self._delay(time.perf_counter() - started)
         self.acts += 1
         if delay == 0:

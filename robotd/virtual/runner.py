@@ -9,13 +9,17 @@ cameras rendered at their own capture times, only when a policy window reads the
 Asks are answered in process (robotd.virtual.asker), as the main process answers them on
 the wall clock. With a fixed latency a run is a pure function of (config, policy, steps,
 seed): the same seed gives the same played rows, bit for bit. A failed act (infer raises or
-answers badly) is reported to the kernel at the tick its answer would have arrived.
+answers badly) is reported to the kernel at the tick its answer would have arrived. With
+`trace_dir` the run is recorded as the daemon records one (robotd.virtual.trace), so that
+`robotd replay` can check it.
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -32,6 +36,7 @@ from robotd.control.tick import TickIO
 from robotd.lane.messages import Ask, Event, Merged, Step
 from robotd.virtual.asker import VirtualAsker
 from robotd.virtual.latency import LatencySchedule
+from robotd.virtual.trace import VirtualTrace
 
 T0_NS = 1_000_000_000  # the virtual clock's origin (any int works; 1 s keeps it clear of 0)
 
@@ -81,6 +86,7 @@ class VirtualResult:
     holds_after_first: int = 0
     asks: list[Ask] = field(default_factory=list)
     merges: list[Merged] = field(default_factory=list)
+    trace_run: Path | None = None  # the run directory written (with trace_dir)
 
 
 def _prepare(cfg: Config, aligned: bool) -> Config:
@@ -127,6 +133,7 @@ def run_virtual(
     latency_s: float | LatencySchedule | None = None,
     seed: int = 0,
     aligned: bool = True,
+    trace_dir: Path | str | None = None,
 ) -> VirtualResult:
     """Run `steps` control ticks of `cfg` (sim arm and sim cameras) with `policy` on the
     virtual clock; see the module docstring for the timing rules.
@@ -135,8 +142,9 @@ def run_virtual(
     robotd.virtual.latency); None takes ``control.latency_s`` and, if that is unset too,
     measures each infer call's wall time (then runs are not reproducible).
     seed: the sim arm's read-noise seed. aligned: False plays realtime chunks from their start
-    (the naive baseline; overrides ``control.aligned``). Raises ValueError for a config it
-    cannot simulate, TypeError for an object without the policy API.
+    (the naive baseline; overrides ``control.aligned``). trace_dir: record the run there.
+    Raises ValueError for a config it cannot simulate, TypeError for an object without the
+    policy API.
     """
     if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
         raise ValueError(f"run_virtual: steps must be an integer >= 1, got {steps!r}")
@@ -149,14 +157,32 @@ def run_virtual(
     asker = VirtualAsker(
         cfg, policy, rig, cfg.control.latency_s if latency_s is None else latency_s
     )
+    traced = None if trace_dir is None else VirtualTrace(cfg, clock, trace_dir, T0_NS)
     out = _Collected()
-    kernel = Kernel(cfg, run_id="virtual", emit=out.sink(asker), asker=asker)
+    kernel = Kernel(cfg, run_id="virtual", emit=out.sink(asker, traced), asker=asker)
     asker.kernel = kernel
+    asker.on_chunk = traced.chunk if traced is not None else None
     rig.arm.open()
     io = TickIO(kernel, rig.arm, rig.refs, out.error)
     io.start()  # as the control process: hold where the joints are from the start
     _start(kernel, asker.actions, asker.host.takes_rtc)
     trace = _Trace(steps, len(cfg.joints.names))
+    after_tick: Callable[[], None] = traced.flush if traced is not None else lambda: None
+    after_tick()
+    try:
+        _ticks(cfg, steps, (clock, asker, rig, kernel, io), trace, after_tick)
+    finally:
+        rig.close()
+        run_dir = traced.close() if traced is not None else None
+    result = trace.result(kernel, cfg, out)
+    result.trace_run = run_dir
+    return result
+
+
+def _ticks(cfg: Config, steps: int, parts: tuple[Any, ...], trace: _Trace,
+           after_tick: Callable[[], None]) -> None:
+    """The run's ticks (`parts`: clock, asker, rig, kernel, io), each told `trace`."""
+    clock, asker, rig, kernel, io = parts
     for tick in range(steps):
         now = T0_NS + round(tick * 1e9 / cfg.control.hz)
         clock.now_ns = now
@@ -177,8 +203,7 @@ def run_virtual(
         )
         if trace.first_chunk is None and kernel.counters.chunks:
             trace.first_chunk = tick
-    rig.close()
-    return trace.result(kernel, cfg, out)
+        after_tick()
 
 
 class _Collected:
@@ -191,8 +216,10 @@ class _Collected:
         self.asks: list[Ask] = []
         self.merges: list[Merged] = []
 
-    def sink(self, asker: VirtualAsker) -> Any:
+    def sink(self, asker: VirtualAsker, traced: VirtualTrace | None = None) -> Any:
         def emit(msg: Any) -> None:
+            if traced is not None:
+                traced.emit(msg)
             if isinstance(msg, Step):
                 asker.on_step(msg)
                 self.steps.append(msg)
