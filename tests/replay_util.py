@@ -77,7 +77,7 @@ class HandLane:
     """One kernel and its recorder on a virtual clock; `tick()` is one control tick."""
 
     def __init__(self, root: Path, *overrides: str, fail_reads: set[int] = frozenset(),
-                 delay: int = 3) -> None:
+                 delay: int | Callable[[Ask], int] = 3) -> None:
         self.cfg: Config = load_config(None, ["cameras={}", 'robot.start="idle"', *overrides])
         self.clock = VirtualClock(T0_NS)
         self.store = TraceStore(root, 1 << 30, self.cfg.model_dump(mode="json"), frames=False)
@@ -116,7 +116,8 @@ class HandLane:
         self.played.append(self.io.run(self.clock.now_ns, skipped))
         for ask in [m for m in self.batch if isinstance(m, Ask)]:
             self.asks.append(ask)
-            self.due.setdefault(self.index + self.delay, []).append(self._answer(ask))
+            delay = self.delay(ask) if callable(self.delay) else self.delay
+            self.due.setdefault(self.index + delay, []).append(self._answer(ask))
         self.flush()
         self.index += 1
 

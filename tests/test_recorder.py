@@ -16,6 +16,7 @@ from robotd.lane.messages import (
     Event,
     Merged,
     Rows,
+    Rtc,
     StartState,
     Step,
 )
@@ -61,7 +62,7 @@ def test_every_lane_message_lands_on_its_channel(rec):
     _episode(rec)
     for s in range(3):
         rec.feed(_step(s))
-    rec.feed(Ask(1, "r-1", 0, 1, 0))
+    rec.feed(Ask(1, "r-1", 0, 1, 0, Rtc(3, Rows.of(np.ones((2, 3))))))
     rows = np.random.default_rng(3).normal(size=(5, 3))
     rec.sent(ChunkRows(1, "r-1", 0, Rows.of(rows)))
     rec.feed(Merged(1, "r-1", 0, 2, 5, 2, False))
@@ -81,7 +82,8 @@ def test_every_lane_message_lands_on_its_channel(rec):
     assert ticks[2]["shield"] == "clipped" and ticks[0]["pos"][2] == 1e-300
     assert ticks[0]["tick"] == 10 and msgs[[m.topic for m in msgs].index("/robot/tick")].log_time \
         == 10**18 + 1_000
-    assert by("/policy/ask") == [{"id": 1, "wep": "r-1", "s": 0, "queue": 0, "delay": 0}]
+    assert by("/policy/ask") == [{"id": 1, "wep": "r-1", "s": 0, "queue": 0, "delay": 3,
+                                  "frozen": 2}]
     merged, bad, discarded = by("/policy/chunk")
     assert np.asarray(merged["rows"]).tobytes() == rows.tobytes()
     assert (merged["result"], merged["at"], merged["dropped"]) == ("merged", 2, 2)

@@ -61,6 +61,44 @@ def test_virtual_runs_replay_bit_for_bit(tmp_path, timing, merge, latency_s):
     assert o.steps == 240 and o.chunks == result.counters["chunks"]
 
 
+def test_a_real_time_chunking_run_replays_bit_for_bit(tmp_path):
+    from robotd.virtual.latency import jittered
+    from tests.test_rtc_virtual import Recorder, config
+
+    result = run_virtual(config("auto", "fade"), Recorder(12), steps=240,
+                         latency_s=jittered(0.15, seed=3), trace_dir=tmp_path)
+    assert result.counters["delay_overruns"] > 0 and result.trace_run is not None
+    assert_replays(result.trace_run, 1)
+    asks, _ = read_all(episodes(result.trace_run)[0], ["/policy/ask"])
+    assert {m.record["delay"] for m in asks} > {1} and any(m.record["frozen"] for m in asks)
+
+
+def test_the_second_episode_starts_from_the_delays_the_first_measured(tmp_path):
+    lane = HandLane(tmp_path, 'control.timing="realtime"', 'control.refill_steps="auto"',
+                    delay=lambda ask: 2 + ask.id % 5)
+    k = lane.kernel
+    lane.between(lambda: k.set_contract(12, True))
+    for task in ("one", "two"):
+        lane.between(lambda task=task: k.command("start", task=task))
+        for _ in range(120):
+            lane.tick()
+        lane.between(lambda: k.command("stop"))
+        lane.tick()
+        lane.between(lambda: k.command("reset_done"))
+    run = lane.close()
+    assert_replays(run, 2)
+    starts = [read_all(p, ["/robot/start_state"])[0][0].record for p in episodes(run)]
+    assert starts[0]["delays"] == [] and len(starts[1]["delays"]) > 5 and starts[1]["rtc"]
+
+    def forget(topic: str, r: dict[str, Any]) -> dict[str, Any]:
+        if topic == "/robot/start_state":
+            r["delays"] = []
+        return r
+
+    o = replay(rewrite(episodes(run)[1], tmp_path / "forgot", forget))
+    assert o.difference is not None and o.difference.what == "ask"  # its predicted delay
+
+
 def _episode_one(lane: HandLane) -> None:
     k = lane.kernel
     lane.between(lambda: k.set_contract(12))

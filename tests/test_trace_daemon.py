@@ -83,9 +83,10 @@ def _telemetry(d: Daemon) -> dict[str, Any]:
 
 @pytest.fixture(scope="module")
 def operated(tmp_path_factory) -> tuple[Daemon, dict[str, Any]]:
-    """A sim daemon an operator drives through two episodes: start (a task), stop, verdict,
-    reset_done, start, e-stop, clear_fault; then SIGTERM."""
-    d = Daemon(tmp_path_factory.mktemp("op"), "--set", 'robot.start="idle"')
+    """A sim daemon (sync timing) an operator drives through two episodes: start (a task),
+    stop, verdict, reset_done, start, e-stop, clear_fault; then SIGTERM."""
+    d = Daemon(tmp_path_factory.mktemp("op"), "--set", 'robot.start="idle"',
+               "--set", 'control.timing="sync"')
     d.wait_line(r"operator socket")
     c = ControlClient(d.control_endpoint, timeout_s=15)
     try:
@@ -143,7 +144,7 @@ def test_every_event_kind_of_a_daemon_run_is_recorded(operated):
         names)
     frame = two["/camera/top"][0]
     img = cv2.imdecode(np.frombuffer(frame_bytes(frame), np.uint8), cv2.IMREAD_COLOR)
-    assert frame["format"] == "jpeg" and img.shape == (480, 640, 3)  # raw up: JPEG for the trace
+    assert frame["format"] == "jpeg" and img.shape == (224, 224, 3)  # the uplink's own JPEG
     info = json.loads((run / "run.json").read_text())
     assert info["ended"] and info["stats"]["dropped_records"] == 0
 
@@ -194,15 +195,15 @@ def test_a_recorded_run_exports_and_reads_back_frame_by_frame(operated, tmp_path
         expected = _frames_at_ticks(path)
         for want in expected:
             ok, img = video.read()
-            assert ok and img.shape == (480, 640, 3)
+            assert ok and img.shape == (224, 224, 3)
             assert np.abs(img.astype(int) - want).mean() < 10  # the same picture, re-encoded
         assert not video.read()[0]  # one video frame per tick, no more
 
 
 def test_a_worker_killed_mid_episode_resets_it_and_the_replay_still_matches(tmp_path):
-    d = Daemon(tmp_path, "--set", 'control.timing="realtime"', "--set", "control.refill_steps=6",
-               "--set", 'policy.serve="tests.trace_policies:JpegDotFollower"',
-               "--set", "policy.args={colour_tolerance=60}")
+    d = Daemon(tmp_path, "--set", 'control.timing="realtime"',  # real-time chunking too
+               "--set", 'policy.serve="tests.trace_policies:RawDotFollower"',
+               "--set", "policy.args={rtc=true}")
     d.wait_line(r"episode_start")
     c = ControlClient(d.control_endpoint, timeout_s=15)
     try:
@@ -235,7 +236,9 @@ def test_a_worker_killed_mid_episode_resets_it_and_the_replay_still_matches(tmp_
     assert json.loads(path.with_suffix(".json").read_text())["worker_episodes"] == [old, new]
     frame = ep["/camera/top"][-1]
     img = cv2.imdecode(np.frombuffer(frame_bytes(frame), np.uint8), cv2.IMREAD_COLOR)
-    assert img.shape == (120, 160, 3)  # the uplink's own JPEG, fitted to the policy's spec
+    assert frame["format"] == "jpeg" and img.shape == (480, 640, 3)  # raw up: JPEG for the trace
+    asks = ep["/policy/ask"]
+    assert all(a["delay"] >= 1 for a in asks) and any(a["frozen"] for a in asks)  # rtc acts
 
 
 async def _live(port: int) -> dict[str, Any]:

@@ -2,18 +2,17 @@
 
 from __future__ import annotations
 
-from robotd.contract import Camera, Observations, Stream
+from typing import Any
+
+from robotd.contract import Observations, Stream
 from robotd.worker.demo import DotFollower
 
-JPEG_TOP = Camera(width=160, height=120, codec="jpeg", quality=80)
 
+class RawDotFollower(DotFollower):
+    """The demo policy reading the top camera as captured (no camera spec: raw frames go
+    up, so the trace encodes its own JPEG of them)."""
 
-class JpegDotFollower(DotFollower):
-    """The demo policy reading the top camera fitted to 160x120 and sent as JPEG, so the
-    uplink encodes JPEG (which the trace then keeps as it is)."""
-
-    def __init__(self, **kwargs) -> None:
-        super().__init__(**kwargs)
-        self.observations = Observations(
-            streams={"top": Stream(at=[-3, 0], camera=JPEG_TOP), "joints.pos": Stream()}
-        )
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(**{"colour_tolerance": 0, **kwargs})
+        self.observations = Observations(streams={"top": Stream(at=[-3, 0]),
+                                                  "joints.pos": Stream()})

@@ -96,7 +96,7 @@ class Kernel:
             delay=DelayPredictor(cfg.control.delay_quantile, cfg.control.delay_margin_steps),
         )
         self.recorder = StepRecorder(
-            {name: int(cam.max_age_ms * 1e6) for name, cam in cfg.cameras.items()}
+            {name: int(cam.max_age_ms * 1e6) for name, cam in cfg.cameras.items()}, self.counters
         )
         self.watchdog = Watchdog(cfg.control.max_hold_steps)
         self.step = 0  # step within the worker-side episode
@@ -241,7 +241,6 @@ class Kernel:
             joints=joints,
             frames=frames,
             truth=truth,
-            tick=self.counters.ticks,
         )
         if not rec.ok:
             self.counters.invalid_observations += 1
@@ -291,7 +290,7 @@ class Kernel:
         n, self._skip = self._skip, 0
         limit = self.cfg.control.max_steps
         for _ in range(n):
-            rec = self.recorder.skipped(self.step, self.counters.ticks)
+            rec = self.recorder.skipped(self.step)
             if rec is not None:
                 self.emit(rec)
             self.step += 1

@@ -12,14 +12,19 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from drivers.base import JointState
+from robotd.control.counters import Counters
 from robotd.lane.messages import FrameRef, Step
 
 
 class StepRecorder:
-    """Builds the Step record of each tick; `last` is the newest (None after a reset)."""
+    """Builds the Step record of each tick; `last` is the newest (None after a reset).
+    Each record carries the tick count of `counters` (the kernel's) when it was made."""
 
-    def __init__(self, camera_max_age_ns: Mapping[str, int]) -> None:
+    def __init__(
+        self, camera_max_age_ns: Mapping[str, int], counters: Counters | None = None
+    ) -> None:
         self.limits = dict(camera_max_age_ns)
+        self.counters = counters or Counters()
         self.last: Step | None = None
 
     def reset(self) -> None:
@@ -36,7 +41,6 @@ class StepRecorder:
         joints: JointState,
         frames: Mapping[str, FrameRef | None],
         truth: dict[str, float] | None,
-        tick: int = 0,
     ) -> Step:
         """The record of this tick's step; `ok` False when a camera's frame is missing or
         too old."""
@@ -57,16 +61,16 @@ class StepRecorder:
             cams,
             ok,
             gt=truth or None,
-            tick=tick,
+            tick=self.counters.ticks,
         )
         self.last = rec
         return rec
 
-    def skipped(self, step: int, tick: int = 0) -> Step | None:
+    def skipped(self, step: int) -> Step | None:
         """The record of a skipped step: the last one's observation, marked, or None when
         nothing was recorded yet in this episode."""
         last = self.last
         if last is None:
             return None
         return Step(last.ep, last.wep, step, last.t, last.pos, last.vel, last.cams, last.ok, True,
-                    tick=tick)
+                    tick=self.counters.ticks)
