@@ -11,9 +11,6 @@ from __future__ import annotations
 
 import logging
 import secrets
-import signal
-import sys
-from dataclasses import dataclass
 from pathlib import Path
 
 import anyio
@@ -22,7 +19,7 @@ import zmq.asyncio
 
 from robotd.config import Config, runtime_dir
 from robotd.contract import ContractError
-from robotd.lane.messages import Ask, Bye, Event, Merged, Ready, Shutdown, StartState, Stats, Step
+from robotd.lane.messages import Shutdown
 from robotd.link.connect import StartupError
 from robotd.link.session import PolicySession
 from robotd.operator.server import OperatorServer
@@ -31,7 +28,10 @@ from robotd.runtime import sdnotify
 from robotd.runtime.bridge import LaneBridge
 from robotd.runtime.children import Children, LaneEndpoints, Shared, create_shared
 from robotd.runtime.events import EventLog
-from robotd.runtime.recorder import Recorder, open_recorder, tee
+from robotd.runtime.options import Options
+from robotd.runtime.procutil import setup_logging, stop_on_signal
+from robotd.runtime.recorder import Recorder, open_recorder
+from robotd.runtime.routes import Routes
 from robotd.runtime.rundir import lock_run_dir
 from robotd.runtime.summary import RunSummary
 from robotd.runtime.supervisor import Supervisor
@@ -39,18 +39,9 @@ from robotd.runtime.view import DaemonView
 
 log = logging.getLogger("robotd")
 
+__all__ = ["Daemon", "Options", "run", "setup_logging"]
+
 READY_TIMEOUT_S = 30.0
-
-
-@dataclass
-class Options:
-    duration: float | None = None
-    summary: Path | None = None
-    worker: str | None = None
-    status: bool = True
-    config_dir: Path | None = None  # where the config file is (calibration files beside it)
-    foxglove: int | None = None  # serve the trace's channels live on this port
-    foxglove_host: str = "127.0.0.1"
 
 
 class Daemon:
@@ -65,9 +56,7 @@ class Daemon:
         self.ctx = zmq.asyncio.Context()
         self.bridge = LaneBridge(self.ctx, self.dir)
         self.summary = RunSummary(cfg.control.hz)
-        self.ready = anyio.Event()
         self.stop = anyio.Event()
-        self.lane_done = anyio.Event()  # the control lane said Bye after its last stats
         self.exit_code = 0
         self.shared: Shared | None = None
         self.session: PolicySession | None = None
@@ -79,57 +68,13 @@ class Daemon:
             self.summary,
             lambda: self.bridge.status,
             self._link,
-            self._robot,
+            lambda: self.routes.robot(self.bridge.status.queue if self.bridge.status else None),
         )
         self.recorder: Recorder | None = None
-        self._last_step: Step | None = None
+        self.routes = Routes(self.summary, self.events, lambda: self.session, None)
 
     def _link(self) -> dict[str, object]:
         return self.session.state() if self.session is not None else {"state": "connecting"}
-
-    def _robot(self) -> dict[str, object]:
-        st, status = self._last_step, self.bridge.status
-        return {
-            "pos": None if st is None else [round(x, 5) for x in st.pos],
-            "target": None if st is None or st.target is None else [round(x, 5) for x in st.target],
-            "queue": None if status is None else status.queue,
-        }
-
-    def _route(self) -> None:
-        """Who handles which message from the control lane (and the trace, each kind it
-        keeps, after its handler)."""
-        b, rec = self.bridge, self.recorder
-        b.on(Step, tee(self._on_step, rec, Step))
-        b.on(Ask, tee(lambda m: self.session.on_ask(m) if self.session else None, rec, Ask))
-        b.on(Merged, tee(self._on_merged, rec, Merged))
-        b.on(Stats, tee(self._on_stats, rec, Stats))
-        b.on(Event, tee(self.events.on_event, rec, Event))
-        b.on(Ready, self._on_ready)
-        b.on(Bye, lambda m: self.lane_done.set())
-        if rec is not None:
-            b.on(StartState, rec.on_start_state)
-            b.tap = rec.sent
-
-    def _on_step(self, msg: Step) -> None:
-        self._last_step = msg
-        self.summary.on_step(msg)
-        if self.session is not None:
-            self.session.on_step(msg)
-
-    def _on_merged(self, msg: Merged) -> None:
-        self.events.on_merged(msg)
-        if self.session is not None:
-            self.session.on_merged(msg)
-
-    def _on_stats(self, msg: Stats) -> None:
-        self.summary.on_stats(msg)
-        sdnotify.tick_progress(msg.counters.ticks)
-        self.events.check_refill()
-
-    def _on_ready(self, msg: Ready) -> None:
-        for warning in msg.warnings:
-            log.warning("control lane: %s", warning)
-        self.ready.set()
 
     def _worker_lost(self, cause: str) -> None:
         if self.session is not None:
@@ -145,7 +90,8 @@ class Daemon:
         self.recorder = open_recorder(
             self.cfg, live_port=self.opts.foxglove, live_host=self.opts.foxglove_host
         )
-        self._route()
+        self.routes.recorder = self.recorder
+        self.routes.install(self.bridge)
         try:
             self.shared = create_shared(self.cfg)
             async with anyio.create_task_group() as tg:
@@ -185,8 +131,8 @@ class Daemon:
         await children.start(self.run_id, ends, self.shared, local)
         b.connect()
         with anyio.move_on_after(READY_TIMEOUT_S):
-            await self.ready.wait()
-        if not self.ready.is_set():
+            await self.routes.ready.wait()
+        if not self.routes.ready.is_set():
             log.error("the control lane did not start ticking within %g s", READY_TIMEOUT_S)
             self.exit_code = 1
             return
@@ -220,11 +166,7 @@ class Daemon:
             await self.stop.wait()
 
     async def _signals(self) -> None:
-        with anyio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
-            async for signum in signals:
-                log.info("%s: stopping (the robot holds)", signal.Signals(signum).name)
-                self._stop_now()
-                return
+        await stop_on_signal(self._stop_now)
 
     def _control_exited(self, code: int) -> None:
         self.exit_code = 1
@@ -244,7 +186,7 @@ class Daemon:
                 await sup.children["control"].exited.wait()
             # The lane's last stats come just before its Bye (taken by the bridge).
             with anyio.move_on_after(0.5):
-                await self.lane_done.wait()
+                await self.routes.lane_done.wait()
         await sup.stop_all(grace_s=5.0, first=("control",))
         if self.session is not None:
             await self.session.close()
@@ -270,11 +212,3 @@ def run(cfg: Config, opts: Options) -> int:
         log.error("%s", exc)
         return 2
     return anyio.run(daemon.run, backend_options={"use_uvloop": True})
-
-
-def setup_logging(verbose: bool = False) -> None:
-    logging.basicConfig(
-        level=logging.DEBUG if verbose else logging.INFO,
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-        stream=sys.stderr,
-    )

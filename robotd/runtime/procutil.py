@@ -11,6 +11,7 @@ import signal
 import sys
 import threading
 import time
+from collections.abc import Callable
 
 PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
 
@@ -122,3 +123,29 @@ def one_line(exc: BaseException) -> str:
             return "; ".join(parts)
     text = " ".join(str(exc).split())
     return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
+
+
+def setup_logging(verbose: bool = False) -> None:
+    """Log lines on stderr, one a record, with time, level and logger."""
+    import logging
+
+    logging.basicConfig(
+        level=logging.DEBUG if verbose else logging.INFO,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+        stream=sys.stderr,
+    )
+
+
+async def stop_on_signal(stop: Callable[[], None]) -> None:
+    """Call `stop` at the first SIGINT or SIGTERM (in an anyio task), saying so."""
+    import logging
+
+    import anyio
+
+    with anyio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
+        async for signum in signals:
+            logging.getLogger("robotd").info(
+                "%s: stopping (the robot holds)", signal.Signals(signum).name
+            )
+            stop()
+            return
