@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import math
 import struct
+import sys
 from typing import Any
 
 import msgpack
@@ -53,8 +54,38 @@ _DTYPES: dict[str, np.dtype] = {
         "float64",
     )
 }
+DTYPES = _DTYPES  # the dtypes that travel, by name (little-endian)
+# Looked up by (kind, itemsize) and by the raw 8-byte name: numpy's dtype.name is computed
+# in Python and costs more than packing a small array.
+_BY_KIND = {(d.kind, d.itemsize): name for name, d in _DTYPES.items()}
+_BY_RAW = {name.encode("ascii").ljust(8, b"\0"): d for name, d in _DTYPES.items()}
+_SWAP = ">" if sys.byteorder == "little" else "<="  # byte orders that are not the wire's
 _HEAD = struct.Struct("<8sQ")
 _DIM = struct.Struct("<Q")
+SHAPES = [struct.Struct(f"<{n}Q") for n in range(MAX_NDIM + 1)]  # ndim -> its axes
+
+
+def wire_name(dtype: np.dtype) -> str | None:
+    """The wire's name for `dtype` if it travels (bool, int8..64, uint8..64, float16..64,
+    any byte order), else None."""
+    return _BY_KIND.get((dtype.kind, dtype.itemsize))
+
+
+def wire_dtype(raw_name: bytes) -> np.dtype | None:
+    """The little-endian dtype a wire name (8 bytes, NUL-padded) stands for, or None."""
+    return _BY_RAW.get(raw_name)
+
+
+def raw_text(raw_name: bytes) -> str:
+    """A wire dtype name as text, for messages."""
+    return raw_name.rstrip(b"\0").decode("ascii", errors="replace")
+
+
+def as_wire(a: np.ndarray) -> np.ndarray:
+    """`a` as the wire carries it (C order, little-endian); itself when it already is."""
+    if a.dtype.byteorder in _SWAP:
+        return a.astype(a.dtype.newbyteorder("<"), order="C")
+    return a if a.flags.c_contiguous else np.ascontiguousarray(a)
 
 
 class WireError(ValueError):
@@ -115,18 +146,23 @@ def _default(obj: Any) -> Any:
     raise WireError(f"cannot pack object of type {type(obj).__module__}.{type(obj).__name__}")
 
 
-def _encode_array(a: np.ndarray) -> bytes:
-    name = a.dtype.name
-    if name not in _DTYPES or a.dtype.fields is not None:
+def check_travels(a: np.ndarray) -> str:
+    """The wire name of `a`'s dtype; WireError if the array cannot travel."""
+    name = wire_name(a.dtype)
+    if name is None:
         raise WireError(
-            f"cannot pack array of dtype {a.dtype.str!r} ({name}): only bool, int8..64, "
+            f"cannot pack array of dtype {a.dtype.str!r} ({a.dtype.name}): only bool, int8..64, "
             "uint8..64 and float16/32/64 travel"
         )
     if a.ndim > MAX_NDIM:
         raise WireError(f"cannot pack array of {a.ndim} dimensions (at most {MAX_NDIM})")
-    # Normalise to little-endian C order; a no-op (no copy) for the usual native arrays.
-    a = a.astype(_DTYPES[name], order="C", copy=False)
-    head = _HEAD.pack(name.encode("ascii"), a.ndim) + b"".join(_DIM.pack(n) for n in a.shape)
+    return name
+
+
+def _encode_array(a: np.ndarray) -> bytes:
+    name = check_travels(a)
+    a = as_wire(a)  # a no-op (no copy) for the usual native arrays
+    head = _HEAD.pack(name.encode("ascii"), a.ndim) + SHAPES[a.ndim].pack(*a.shape)
     return b"".join((head, a.reshape(-1).data if a.size else b""))
 
 
@@ -136,22 +172,22 @@ def _ext_hook(code: int, data: bytes) -> np.ndarray:
     if len(data) < _HEAD.size:
         raise WireError(f"ndarray header truncated: {len(data)} bytes, need {_HEAD.size}")
     raw_name, ndim = _HEAD.unpack_from(data, 0)
-    name = raw_name.rstrip(b"\0").decode("ascii", errors="replace")
-    dtype = _DTYPES.get(name)
+    dtype = _BY_RAW.get(raw_name)
     if dtype is None:
         raise WireError(
-            f"ndarray dtype {name!r} not allowed (bool, int8..64, uint8..64, float16/32/64 only)"
+            f"ndarray dtype {raw_text(raw_name)!r} not allowed (bool, int8..64, uint8..64, "
+            "float16/32/64 only)"
         )
     if ndim > MAX_NDIM:
         raise WireError(f"ndarray has {ndim} dimensions (at most {MAX_NDIM})")
     offset = _HEAD.size + _DIM.size * ndim
     if len(data) < offset:
         raise WireError(f"ndarray shape truncated: {len(data)} bytes, need {offset}")
-    shape = tuple(_DIM.unpack_from(data, _HEAD.size + _DIM.size * i)[0] for i in range(ndim))
+    shape = SHAPES[ndim].unpack_from(data, _HEAD.size)
     expected = math.prod(shape) * dtype.itemsize  # Python ints: a huge shape cannot overflow
     if len(data) - offset != expected:
         raise WireError(
-            f"ndarray {name}{list(shape)} needs {expected} data bytes, got {len(data) - offset}"
+            f"ndarray {dtype}{list(shape)} needs {expected} data bytes, got {len(data) - offset}"
         )
     out = np.frombuffer(data, dtype=dtype, offset=offset).reshape(shape)
     # A bool byte other than 0/1 makes numpy misbehave (True != True); refuse it.

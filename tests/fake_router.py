@@ -7,12 +7,13 @@ from typing import Any
 
 import zmq
 
-from robotd import wire
+from robotd import framed, wire
 
 
 class FakeRouter:
-    """Binds `endpoint`; every request is unpacked and answered with `reply(msg)` (packed),
-    then handed to `seen(msg)`. Subclasses say what to answer and what to record."""
+    """Binds `endpoint`; every request (one frame or framed) is unpacked and answered with
+    `reply(msg)` (packed, one frame), then handed to `seen(msg)`. Subclasses say what to
+    answer and what to record."""
 
     def __init__(self, endpoint: str) -> None:
         self.ctx = zmq.Context()
@@ -35,8 +36,8 @@ class FakeRouter:
         while not self.stop.is_set():
             if not self.sock.poll(20):
                 continue
-            route, body = self.sock.recv_multipart()
-            msg = wire.unpackb(body)
+            route, *message = self.sock.recv_multipart()
+            msg = framed.unpack(message)  # one frame, or framed (protocol 2)
             self.sock.send_multipart([route, wire.packb(self.reply(msg))])
             self.seen(msg)
 

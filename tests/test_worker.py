@@ -554,7 +554,7 @@ def test_malformed_act_reply_names_the_field(sockdir: Path, reply: dict, needle:
 @pytest.mark.parametrize(
     ("result", "needle"),
     [
-        ({"protocol": 2}, "field 'protocol'"),
+        ({"protocol": 3}, "field 'protocol'"),  # 1 and 2 are spoken
         (
             {
                 "protocol": 1,

@@ -1,29 +1,33 @@
 """The daemon's side of the act connection to a policy worker (docs/protocol.md).
 
 `PolicyClient` is used from the main process's async lane (anyio on uvloop). Several
-requests may be in flight: each carries an id and its reply is matched by id. There is no
-background task: whichever caller is waiting receives from the socket and hands every reply
-it reads to its owner, and when it leaves (answered, timed out or cancelled) another waiter
-takes over. Every call is bounded by a timeout, so a dead worker cannot hang the caller:
-it raises TimeoutError. A worker's error reply raises PolicyError with its code; a reply
-that breaks the protocol raises PolicyError with code "bad_reply" naming the field.
+requests may be in flight: each carries an id and its reply is matched by id. The socket is
+watched by the event loop itself (robotd.link.dealer): each reply is read as it arrives and
+handed to the request it answers, whose caller is woken. Every call is bounded by a timeout,
+so a dead worker cannot hang the caller: it raises TimeoutError. A worker's error reply
+raises PolicyError with its code; a reply that breaks the protocol raises PolicyError with
+code "bad_reply" naming the field.
+
+With a worker that speaks protocol 2 (its hello says so), requests travel framed
+(robotd.framed): the observations' arrays as frames of their own, sent from their memory.
 """
 
 from __future__ import annotations
 
+import asyncio
 import itertools
 import logging
 import time
 from collections import deque
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import anyio
-import zmq
-import zmq.asyncio
 
-from robotd import wire
+from robotd import framed, wire
+from robotd.link.dealer import DealerClosed, LoopDealer
 from robotd.link.replies import (
+    PROTOCOL,
     ActResult,
     Handshake,
     PolicyError,
@@ -41,10 +45,10 @@ ABANDONED_KEPT = 256  # ids of requests given up (timed out), to tell a late rep
 
 @dataclass(slots=True)
 class _Pending:
+    wake: asyncio.Future[None]  # resolved when settled: the cheapest wake-up asyncio has
     done: bool = False
     reply: dict[str, Any] | None = None
-    error: PolicyError | None = None
-    wake: anyio.Event = field(default_factory=anyio.Event)
+    error: BaseException | None = None
 
 
 class PolicyClient:
@@ -60,37 +64,26 @@ class PolicyClient:
         self.late_replies = 0  # replies to requests already given up (timed out): dropped
         self.unknown_replies = 0  # replies naming no request this client made: dropped
         self._abandoned: deque[int] = deque(maxlen=ABANDONED_KEPT)
-        self._ctx: zmq.asyncio.Context | None = None
-        self._sock: zmq.asyncio.Socket | None = None
+        self._dealer = LoopDealer(
+            endpoint, self._dispatch, max_message_bytes=wire.MAX_MESSAGE_BYTES
+        )
         self._ids = itertools.count(1)
         self._pending: dict[int, _Pending] = {}
-        self._send_lock = anyio.Lock()
-        self._raw: zmq.Socket | None = None  # sync view of the same socket, for NOBLOCK reads
-        self._receiving = False  # one caller at a time reads the socket for everyone
-        # Scopes of the socket waits in progress, cancelled by close(): closing the socket
-        # under a pending send or poll would otherwise cancel the task from outside anyio.
-        self._poll_scope: anyio.CancelScope | None = None
-        self._send_scope: anyio.CancelScope | None = None
         self.bytes_sent = 0  # request bytes sent, for the benchmarks
+        self.protocol = 1  # what the worker's hello said: 2 sends large arrays as frames
 
     async def connect(self, *, observe: bool = False) -> Handshake:
         """Connect and say hello; returns the worker's contract and endpoints. `observe`:
         this client uploads observations, so ask for the observe endpoint (a worker tells
         only clients that ask)."""
-        if self._sock is None:
-            self._ctx = zmq.asyncio.Context()
-            sock = self._ctx.socket(zmq.DEALER)
-            sock.setsockopt(zmq.LINGER, 0)
-            # Queue nothing for a worker that is not there: a send waits (and times out)
-            # instead of delivering a stale request to whoever binds later.
-            sock.setsockopt(zmq.IMMEDIATE, 1)
-            sock.setsockopt(zmq.MAXMSGSIZE, wire.MAX_MESSAGE_BYTES)
-            sock.connect(self.endpoint)
-            self._sock = sock
-            self._raw = zmq.Socket.shadow(sock.underlying)
-        hello: dict[str, Any] = {"cmd": "hello", "observe": True} if observe else {"cmd": "hello"}
-        result = await self._request(hello, self.timeout_s)
-        return parse_handshake(result)
+        self._dealer.open()
+        hello: dict[str, Any] = {"cmd": "hello", "protocol": PROTOCOL}
+        if observe:
+            hello["observe"] = True
+        self.protocol = 1  # until this worker says what it speaks
+        handshake = parse_handshake(await self._request(hello, self.timeout_s))
+        self.protocol = handshake.protocol
+        return handshake
 
     async def act(
         self,
@@ -182,34 +175,30 @@ class PolicyClient:
         for pending in self._pending.values():
             _settle(pending, error=PolicyError("closed", "the client was closed"))
         self._pending.clear()
-        for scope in (self._poll_scope, self._send_scope):
-            if scope is not None:
-                scope.cancel()
-        if self._sock is not None:
-            self._sock.close(linger=0)
-            self._sock = self._raw = None
-        if self._ctx is not None:
-            self._ctx.term()
-            self._ctx = None
+        self._dealer.close()
 
     async def _request(self, message: dict[str, Any], timeout_s: float) -> dict[str, Any]:
-        if self._sock is None:
+        if not self._dealer.is_open:
             raise PolicyError("closed", "not connected (call connect() first)")
+        loop = asyncio.get_running_loop()
         rid = next(self._ids)
-        pending = self._pending[rid] = _Pending()
-        data = wire.packb({"id": rid, **message})
-        self.bytes_sent += len(data)
+        pending = self._pending[rid] = _Pending(loop.create_future())
+        body = {"id": rid, **message}
+        # Protocol 2: arrays as frames of their own, sent from their memory (no body copy).
+        frames = framed.pack(body) if self.protocol >= 2 else [wire.packb(body)]
+        self.bytes_sent += sum(memoryview(f).nbytes for f in frames)
+        # The deadline is a timer, not a cancel scope: a scope costs more than the work.
+        timer = loop.call_later(timeout_s, self._expire, rid, timeout_s)
         try:
-            with anyio.fail_after(timeout_s):
-                async with self._send_lock:
-                    if not pending.done and self._sock is not None:  # not closed meanwhile
-                        with anyio.CancelScope() as self._send_scope:
-                            try:
-                                await self._sock.send(data)
-                            finally:
-                                self._send_scope = None
-                await self._await_reply(pending)
+            if not self._dealer.try_send(frames):  # no worker there (yet), or its queue full
+                with anyio.fail_after(timeout_s):
+                    await self._dealer.send(frames)
+            if not pending.done:
+                await pending.wake
+        except DealerClosed:
+            _settle(pending, error=PolicyError("closed", "the client was closed"))
         finally:
+            timer.cancel()
             if self._pending.pop(rid, None) is not None and not pending.done:
                 self._abandoned.append(rid)  # a reply may still come: it will be late
         if pending.error is not None:
@@ -217,44 +206,17 @@ class PolicyClient:
         assert pending.reply is not None
         return unwrap(pending.reply, message["cmd"])
 
-    async def _await_reply(self, pending: _Pending) -> None:
-        while not pending.done:
-            if self._receiving:  # someone else reads: wait for our reply or for them to leave
-                await pending.wake.wait()
-                pending.wake = anyio.Event()
-                continue
-            self._receiving = True
-            try:
-                while not pending.done:
-                    await self._receive()
-            finally:
-                self._receiving = False
-                for other in self._pending.values():  # hand the reading over to a waiter
-                    other.wake.set()
+    def _expire(self, rid: int, timeout_s: float) -> None:
+        """Request `rid` got no reply in time: its caller raises TimeoutError."""
+        pending = self._pending.pop(rid, None)
+        if pending is not None and not pending.done:
+            self._abandoned.append(rid)  # a reply may still come: it will be late
+            _settle(pending, error=TimeoutError(f"no reply within {timeout_s:g} s"))
 
-    async def _receive(self) -> None:
-        """Wait for replies, then read all that are there and dispatch them.
-
-        Waiting is a poll, and reading never blocks: a caller cancelled (timed out) while
-        it waits consumes nothing, so no other caller's reply is lost with it.
-        """
-        assert self._sock is not None
-        with anyio.CancelScope() as self._poll_scope:
-            try:
-                await self._sock.poll(flags=zmq.POLLIN)
-            finally:
-                self._poll_scope = None
-        while self._raw is not None:
-            try:
-                data = self._raw.recv(zmq.NOBLOCK)
-            except zmq.Again:
-                return
-            self._dispatch(data)
-
-    def _dispatch(self, data: bytes) -> None:
-        """Hand one reply to the request it answers."""
+    def _dispatch(self, frames: list[bytes]) -> None:
+        """Hand one reply (one frame, or framed) to the request it answers."""
         try:
-            reply = wire.unpackb(data)
+            reply = framed.unpack(frames)
         except wire.WireError as err:
             log.warning("dropped an undecodable reply from %s: %s", self.endpoint, err)
             return
@@ -281,7 +243,8 @@ class PolicyClient:
 
 
 def _settle(
-    pending: _Pending, *, reply: dict[str, Any] | None = None, error: PolicyError | None = None
+    pending: _Pending, *, reply: dict[str, Any] | None = None, error: BaseException | None = None
 ) -> None:
     pending.reply, pending.error, pending.done = reply, error, True
-    pending.wake.set()
+    if not pending.wake.done():
+        pending.wake.set_result(None)

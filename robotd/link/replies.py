@@ -9,13 +9,16 @@ from __future__ import annotations
 
 from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Annotated, Any
 
+import msgspec
 import numpy as np
 
+from robotd import framed
 from robotd.contract import Actions, ContractError, Observations
 
-PROTOCOL = 1
+PROTOCOL = 2  # the newest this client speaks (robotd.framed); it speaks 1 too
+PROTOCOLS = (1, 2)
 MAX_MISSING = 1 << 16  # (step, key) pairs a missing_steps reply may name
 MAX_PARAMS = 64
 
@@ -72,11 +75,14 @@ class Handshake:
     limits: dict[str, int] | None = None  # the worker's frame store limits, if it says
     features: frozenset[str] = frozenset()  # what it answers beyond hello/act/end_episode
     params: list[dict[str, Any]] = field(default_factory=list)  # its inference parameters
+    protocol: int = 1  # what the link speaks: 2 sends large arrays as frames of their own
 
 
 @dataclass(slots=True)
 class ActResult:
-    """A chunk: row i of `actions` (float64, H x D) is meant for step `step + i`."""
+    """A chunk: row i of `actions` (H x D, finite, in the policy's own numeric dtype,
+    read-only: robotd.link.chunks.prepare makes the float64 rows) is meant for step
+    `step + i`."""
 
     actions: np.ndarray
     step: int
@@ -111,9 +117,10 @@ def unwrap(reply: dict[str, Any], cmd: str) -> dict[str, Any]:
 
 
 def parse_handshake(result: dict[str, Any]) -> Handshake:
-    if result.get("protocol") != PROTOCOL:
+    protocol = result.get("protocol")
+    if type(protocol) is not int or protocol not in PROTOCOLS:
         raise bad_reply(
-            "hello", f"field 'protocol': {result.get('protocol')!r}, this client speaks {PROTOCOL}"
+            "hello", f"field 'protocol': {protocol!r:.40}, this client speaks 1 and 2"
         )
     contract = result.get("contract")
     if not isinstance(contract, dict):
@@ -141,7 +148,10 @@ def parse_handshake(result: dict[str, Any]) -> Handshake:
         raise bad_reply(
             "hello", f"field 'limits': not a map of name -> integer > 0 ({limits!r:.100})"
         )
-    return Handshake(observations, actions, dict(endpoints), policy, limits, *_extras(result))
+    features, params = _extras(result)
+    return Handshake(
+        observations, actions, dict(endpoints), policy, limits, features, params, protocol
+    )
 
 
 def _extras(result: dict[str, Any]) -> tuple[frozenset[str], list[dict[str, Any]]]:
@@ -179,28 +189,36 @@ def ping_episode(result: dict[str, Any]) -> tuple[str, str] | None:
     return state[:40], cause[:300] if isinstance(cause, str) else ""
 
 
+class _Timing(msgspec.Struct):
+    infer_ms: Annotated[float, msgspec.Meta(ge=0)] = 0.0
+    queue_ms: Annotated[float, msgspec.Meta(ge=0)] = 0.0
+
+
+class _ActResult(msgspec.Struct):
+    """An act's result, typed (the rows are checked apart: an array is no msgspec type)."""
+
+    actions: Any
+    step: int
+    episode: str
+    timing: _Timing
+
+
 def parse_act_result(result: dict[str, Any], episode: str, step: int, rtt_ms: float) -> ActResult:
-    rows = result.get("actions")
+    try:
+        got = msgspec.convert(result, _ActResult)
+    except msgspec.ValidationError as err:
+        raise bad_reply("act", str(framed.field_error(str(err)))) from None
+    rows = got.actions
     if not isinstance(rows, np.ndarray) or rows.ndim != 2 or rows.dtype.kind not in "biuf":
         shape = rows.shape if isinstance(rows, np.ndarray) else type(rows).__name__
         raise bad_reply("act", f"field 'actions': not a 2-D numeric array ({shape})")
     if rows.shape[0] < 1 or rows.shape[1] < 1:
         raise bad_reply("act", f"field 'actions': empty chunk of shape {rows.shape}")
-    rows = rows.astype(np.float64)  # a writable copy of the read-only wire array
-    if not np.isfinite(rows).all():
+    if not np.isfinite(rows).all():  # kept as it came: prepare converts it once
         raise bad_reply("act", "field 'actions': holds NaN or infinity")
-    if result.get("step") != step or isinstance(result.get("step"), bool):
-        raise bad_reply("act", f"field 'step': {result.get('step')!r}, asked for {step}")
-    if result.get("episode") != episode:
-        got = result.get("episode")
-        raise bad_reply("act", f"field 'episode': {got!r:.100}, asked for {episode!r}")
-    timing = result.get("timing")
-    if not isinstance(timing, dict):
-        raise bad_reply("act", f"field 'timing': not a map ({type(timing).__name__})")
-    times = {}
-    for name in ("infer_ms", "queue_ms"):
-        value = timing.get(name, 0.0)
-        if isinstance(value, bool) or not isinstance(value, int | float) or not value >= 0:
-            raise bad_reply("act", f"field 'timing.{name}': not a number >= 0 ({value!r})")
-        times[name] = float(value)
-    return ActResult(rows, step, episode, times["infer_ms"], rtt_ms, times["queue_ms"])
+    if got.step != step:
+        raise bad_reply("act", f"field 'step': {got.step!r}, asked for {step}")
+    if got.episode != episode:
+        raise bad_reply("act", f"field 'episode': {got.episode!r:.100}, asked for {episode!r}")
+    timing = got.timing
+    return ActResult(rows, step, episode, timing.infer_ms, rtt_ms, timing.queue_ms)

@@ -12,24 +12,15 @@ from typing import Any
 
 import zmq
 
-from robotd import wire
+from robotd import framed, wire
+from robotd.worker import commands
 from robotd.worker.params import ParamError, params_to_wire
 from robotd.worker.pool import MAX_QUEUED, Busy, Pool
-from robotd.worker.requests import (
-    BadRequest,
-    act_fields,
-    episode_field,
-    named_act_fields,
-    optional_episode,
-    request_id,
-    rtc_field,
-)
+from robotd.worker.requests import BadRequest, rtc_value
 from robotd.worker.slots import Task, error
 from robotd.worker.store import FrameStore
 
 log = logging.getLogger("robotd.worker")
-
-COMMANDS = "hello, act, end_episode, ping, params"
 
 
 @dataclass(slots=True)
@@ -44,9 +35,14 @@ class Parked:
     wait_s: float = 0.0
 
 
+class FramedRoute(list):
+    """The route of a request that came framed (protocol 2): its reply may be framed too.
+    A request of one frame is answered in one frame, as protocol 1 wants."""
+
+
 class ActRequests:
-    """Answers the act socket `router`; `hello(observe)` makes the hello result and
-    `health(episode)` the ping result."""
+    """Answers the act socket `router`; `hello(observe, protocol)` makes the hello result
+    and `health(episode)` the ping result."""
 
     def __init__(
         self,
@@ -55,7 +51,7 @@ class ActRequests:
         store: FrameStore,
         windowed: bool,
         stream_wait_s: float,
-        hello: Callable[[bool], dict[str, Any]],
+        hello: Callable[[bool, int], dict[str, Any]],
         health: Callable[[str | None], dict[str, Any]],
     ) -> None:
         self.router, self.pool, self.store = router, pool, store
@@ -64,78 +60,83 @@ class ActRequests:
         self.parked: list[Parked] = []
 
     def send(self, route: list[bytes], reply: dict[str, Any]) -> None:
+        """`reply` to `route`: framed if the request was (large arrays as frames of their
+        own, a frame the copy sent passed on as it is), else one frame."""
         try:
-            data = wire.packb(reply)
+            if isinstance(route, FramedRoute):
+                frames = framed.pack(reply)
+            else:
+                frames = [wire.packb(reply)]
         except wire.WireError as err:  # a copy's answer that does not travel
-            data = wire.packb(error(reply.get("id"), "internal", f"cannot send the answer: {err}"))
-        self.router.send_multipart([*route, data])
+            text = f"cannot send the answer: {err}"
+            frames = [wire.packb(error(reply.get("id"), "internal", text))]
+        self.router.send_multipart([*route, *frames], copy=False)
 
-    def handle(self, frames: list[bytes]) -> None:
-        """Answer, queue or park one request; every failure becomes an error reply."""
-        route, body = frames[:-1], frames[-1]
-        if len(route) not in (1, 2) or (len(route) == 2 and route[1] != b""):
-            text = f"request must be one frame, got {len(frames) - 1}"
-            self.send(frames[:1], error(None, "bad_request", text))
+    def handle(self, frames: list[Any]) -> None:
+        """Answer, queue or park one request (ROUTER frames: the peer, REQ's empty
+        delimiter if any, then the message's frames); every failure is an error reply."""
+        identity = bytes(frames[0])
+        if len(frames) > 2 and not memoryview(frames[1]).nbytes:  # a REQ socket's delimiter
+            route, message = [identity, b""], frames[2:]
+        else:
+            route, message = [identity], frames[1:]
+        if len(message) > 1:
+            route = FramedRoute(route)
+        if not message:
+            self.send(route, error(None, "bad_request", "request has no frames"))
             return
         rid = None
         try:
-            msg = wire.unpackb(body)
-            rid = request_id(msg)
-            result = self._parse(msg, route, rid)
+            request = commands.decode(message)
+            rid = request.id
+            result = self._parse(request, route)
             if isinstance(result, Task):
                 self.pool.submit(result)
             elif isinstance(result, Parked):
                 self.try_parked(result)
             elif result is not None:  # answered without the copies
                 self.send(route, {"id": rid, "ok": True, "result": result})
+        except commands.Refused as err:
+            self.send(route, error(err.rid, err.code, str(err)))
         except BadRequest as err:
             self.send(route, error(rid, err.code, str(err), **err.extra))
-        except wire.WireError as err:
-            self.send(route, error(None, "bad_request", f"request is not msgpack: {err}"))
         except Busy:
             self.send(route, error(rid, "busy", f"{MAX_QUEUED} requests already wait"))
 
     def _parse(
-        self, msg: dict[str, Any], route: list[bytes], rid: int
+        self, request: commands.Request, route: list[bytes]
     ) -> Task | Parked | dict[str, Any] | None:
-        cmd = msg.get("cmd")
-        if not isinstance(cmd, str):
-            raise BadRequest("bad_request", f"field 'cmd': missing or not a string ({cmd!r})")
-        if cmd == "hello":
-            return self.hello(msg.get("observe") is True)
-        if cmd == "ping":
-            return self.health(optional_episode(msg))
-        if cmd == "params":
-            return self._params(msg)
-        if cmd == "end_episode":
-            episode = episode_field(msg)
-            self._end(episode)
-            return Task("end", route, rid, episode)
-        if cmd == "act":
-            return self._act(msg, route, rid)
-        raise BadRequest(
-            "unknown_command", f"field 'cmd': unknown command {cmd[:64]!r} ({COMMANDS})"
-        )
+        if isinstance(request, commands.Act):
+            return self._act(request, route)
+        if isinstance(request, commands.Hello):
+            return self.hello(request.observe is True, request.protocol)
+        if isinstance(request, commands.Ping):
+            return self.health(request.episode)
+        if isinstance(request, commands.Params):
+            return self._params(request)
+        self._end(request.episode)
+        return Task("end", route, request.id, request.episode)
 
-    def _act(self, msg: dict[str, Any], route: list[bytes], rid: int) -> Task | Parked:
-        episode = episode_field(msg)
-        rtc = rtc_field(msg)
-        if "reads" not in msg:  # observations inline, as sent before uploads existed
-            step, steps, observations = act_fields(msg, self.windowed)
-            return Task("act", route, rid, episode, step, steps, observations, rtc)
-        step, steps, reads, inline, below, wait_s = named_act_fields(
-            msg, self.windowed, self.stream_wait_s
-        )
-        task = Task("act", route, rid, episode, step, steps, rtc=rtc)
+    def _act(self, act: commands.Act, route: list[bytes]) -> Task | Parked:
+        commands.check_steps(act, self.windowed)
+        rid, episode = act.id, act.episode
+        rtc = rtc_value(act.rtc)
+        if act.reads is None:  # observations inline, as sent before uploads existed
+            observations = commands.inline_observations(act)
+            return Task("act", route, rid, episode, act.step, act.steps, observations, rtc)
+        reads, inline = commands.named_window(act)
+        wait_s = self.stream_wait_s if act.wait_s is None else act.wait_s
+        task = Task("act", route, rid, episode, act.step, act.steps, rtc=rtc)
         if episode in self.pool.lost:
             return task  # answered at once: no use waiting for its uploads
-        return Parked(task, reads, inline, below, time.monotonic() + wait_s, wait_s)
+        return Parked(task, reads, inline, act.release_below, time.monotonic() + wait_s, wait_s)
 
-    def _params(self, msg: dict[str, Any]) -> dict[str, Any]:
+    def _params(self, request: commands.Params) -> dict[str, Any]:
         values = self.pool.params_next
-        if "set" in msg:
+        change = commands.params_change(request)
+        if change is not commands.UNSET:
             try:
-                values = self.pool.set_params(msg["set"])
+                values = self.pool.set_params(change)
             except ParamError as err:
                 raise BadRequest("bad_params", str(err)) from None
             log.info("params for the next episodes: %s", values)

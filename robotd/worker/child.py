@@ -15,19 +15,20 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import gc
 import logging
 import os
 import resource
 import signal
+import socket
 import sys
 import time
 from collections.abc import Mapping
 from typing import Any
 
-import zmq
-
 from robotd import wire
 from robotd.worker import pipe
+from robotd.worker.channel import ChannelClosed, CopyEnd
 from robotd.worker.params import params_to_wire
 from robotd.worker.policy_host import PolicyCallError, PolicyHost, PolicyLoadError
 
@@ -38,8 +39,9 @@ EXIT_MEMORY = 99  # a MemoryError in a policy call (reported first, if it could 
 OOM_SCORE_RAISE = 500  # the kernel's OOM killer takes a copy before the worker itself
 
 
-def serve_copy(sock: zmq.Socket, spec: str, kwargs: Mapping[str, Any]) -> int:
-    """Build the policy and answer jobs on `sock` until `stop`; returns the exit code."""
+def serve_copy(sock: CopyEnd, spec: str, kwargs: Mapping[str, Any]) -> int:
+    """Build the policy and answer jobs on `sock` (the copy's end of its channel) until
+    `stop` or the worker's end closes; returns the exit code."""
     try:
         host = PolicyHost(spec, kwargs)
     except PolicyLoadError as err:
@@ -61,25 +63,38 @@ def serve_copy(sock: zmq.Socket, spec: str, kwargs: Mapping[str, Any]) -> int:
             "params": params_to_wire(host.params, {}),
         },
     )
+    gc.freeze()  # what was built is kept: the collector scans only what each job makes
     while True:
-        frames = sock.recv_multipart(copy=False)
         try:
-            msg = pipe.unpack([f.buffer for f in frames])
-        except wire.WireError as err:  # only the worker itself talks to us: its bug
-            log.error("copy: dropped a malformed job: %s", err)
-            continue
-        if not isinstance(msg, dict) or msg.get("k") == "stop":
+            code = _next_job(host, sock)
+        except ChannelClosed:  # the worker has gone
             return 0
-        try:
-            reply = _job(host, msg)
-        except MemoryError as err:
-            with contextlib.suppress(BaseException):
-                _send(sock, {"k": "lost", "seq": msg.get("seq"), "message": _memory_text(err)})
-            return EXIT_MEMORY
-        try:
-            _send(sock, reply)
-        except wire.WireError as err:
-            _send(sock, _error(msg.get("seq"), "internal", f"cannot send the answer: {err}"))
+        if code is not None:
+            return code
+
+
+def _next_job(host: PolicyHost, sock: CopyEnd) -> int | None:
+    """Receive one job and answer it; an exit code if the copy must stop. (Its own
+    function: what the job held is let go on return, so its buffers can be read into
+    again, robotd.worker.channel.CopyEnd.recv.)"""
+    try:
+        msg = pipe.unpack(sock.recv())
+    except wire.WireError as err:  # only the worker itself talks to us: its bug
+        log.error("copy: dropped a malformed job: %s", err)
+        return None
+    if not isinstance(msg, dict) or msg.get("k") == "stop":
+        return 0
+    try:
+        reply = _job(host, msg)
+    except MemoryError as err:
+        with contextlib.suppress(BaseException):
+            _send(sock, {"k": "lost", "seq": msg.get("seq"), "message": _memory_text(err)})
+        return EXIT_MEMORY
+    try:
+        _send(sock, reply)
+    except wire.WireError as err:
+        _send(sock, _error(msg.get("seq"), "internal", f"cannot send the answer: {err}"))
+    return None
 
 
 def _job(host: PolicyHost, msg: dict[str, Any]) -> dict[str, Any]:
@@ -115,8 +130,8 @@ def _memory_text(err: MemoryError) -> str:
     return f"out of memory: MemoryError in a policy call ({text[:200]})"
 
 
-def _send(sock: zmq.Socket, msg: dict[str, Any]) -> None:
-    sock.send(wire.packb(msg))
+def _send(sock: CopyEnd, msg: dict[str, Any]) -> None:
+    sock.send(pipe.pack(msg))
 
 
 def _prepare_process(memory_bytes: int) -> None:
@@ -132,11 +147,12 @@ def _prepare_process(memory_bytes: int) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """`python -m robotd.worker.child ENDPOINT IDENTITY [--memory-bytes N]`."""
+    """`python -m robotd.worker.child FD IDENTITY [--memory-bytes N]`: FD is the copy's end
+    of its channel (robotd.worker.channel), IDENTITY its name in the worker's logs."""
     from robotd.runtime.procutil import die_with_parent
 
     p = argparse.ArgumentParser(prog="robotd-copy")
-    p.add_argument("endpoint")
+    p.add_argument("fd", type=int)
     p.add_argument("identity")
     p.add_argument("--memory-bytes", type=int, default=0)
     args = p.parse_args(argv)
@@ -151,19 +167,17 @@ def main(argv: list[str] | None = None) -> int:
     except (OSError, ValueError) as err:
         print(f"robotd copy: cannot cap memory at {args.memory_bytes}: {err}", file=sys.stderr)
         return EXIT_LOAD
-    ctx = zmq.Context()
-    sock = ctx.socket(zmq.DEALER)
-    sock.setsockopt(zmq.LINGER, 2000)  # let the last answer (failed, lost) leave
-    sock.setsockopt(zmq.IDENTITY, args.identity.encode())
-    sock.connect(args.endpoint)
-    _send(sock, {"k": "boot"})
-    init = pipe.unpack([f.buffer for f in sock.recv_multipart(copy=False)])
-    sys.path[:0] = [p for p in init.get("path", []) if isinstance(p, str) and p not in sys.path]
+    # What is written before the copy exits (failed, lost) stays readable in the socket.
+    sock = CopyEnd(socket.socket(fileno=args.fd))
     try:
+        _send(sock, {"k": "boot"})
+        init = pipe.unpack(sock.recv())
+        sys.path[:0] = [p for p in init.get("path", []) if isinstance(p, str) and p not in sys.path]
         return serve_copy(sock, init["spec"], init.get("kwargs") or {})
+    except (ChannelClosed, OSError):  # the worker went before the copy was built
+        return 0
     finally:
         sock.close()
-        ctx.term()
 
 
 if __name__ == "__main__":

@@ -15,8 +15,6 @@ import logging
 import time
 from typing import Any, Protocol
 
-import zmq
-
 from robotd.worker import pipe
 from robotd.worker.child import EXIT_MEMORY
 from robotd.worker.death import Loss, describe_exit, oom_kills
@@ -43,8 +41,8 @@ class CopyEvents(Protocol):
 
 
 class Copies:
-    """The copy processes of policy `spec` on the copies ROUTER `sock` (bound at
-    `endpoint`). `ready_message` is the first ready copy's `ready` (the contract);
+    """The copy processes of policy `spec`, each on a channel of its own (the slot's
+    `runner.channel`). `ready_message` is the first ready copy's `ready` (the contract);
     `fatal` says why the first copy could not start (the worker cannot serve)."""
 
     def __init__(
@@ -52,12 +50,10 @@ class Copies:
         spec: str,
         kwargs: dict[str, Any],
         options: CopyOptions,
-        sock: zmq.Socket,
-        endpoint: str,
         events: CopyEvents,
     ) -> None:
         self.spec, self.kwargs, self.options = spec, kwargs, options
-        self.sock, self.endpoint, self.events = sock, endpoint, events
+        self.events = events
         self.slots: dict[bytes, Slot] = {}
         self.ready_message: dict[str, Any] | None = None
         self.declared: dict[str, Param] = {}
@@ -69,6 +65,8 @@ class Copies:
         self._backoff_s = 0.0
         self._backoff_until = 0.0
         self._left: list[Runner] = []  # dropped runners not reaped yet
+        self.due = 0.0  # monotonic time from which `check` has something to do
+        self.generation = 0  # changes whenever a copy is added or dropped
 
     @property
     def wanted(self) -> int:
@@ -83,20 +81,25 @@ class Copies:
             identity = f"copy-{n}".encode()
             runner: Runner
             if self.options.copies == 0:
-                ctx = self.sock.context
-                runner = ThreadRunner(identity, ctx, self.endpoint, self.spec, self.kwargs)
+                runner = ThreadRunner(identity, self.spec, self.kwargs)
             else:
                 runner = ProcessRunner(
-                    identity, self.endpoint, self.spec, self.kwargs, self.options.memory_bytes
+                    identity, self.spec, self.kwargs, self.options.memory_bytes
                 )
             slot = Slot(n, identity, runner, now, oom_kills())
             runner.start()
             self.slots[identity] = slot
+            self.generation += 1
             self.counts["copies_started"] += 1
 
     def fds(self) -> list[int]:
         """Descriptors readable when a copy ends (pidfds)."""
         return [fd for s in self.slots.values() if (fd := s.runner.fileno()) is not None]
+
+    def channels(self) -> dict[int, Slot]:
+        """The open channels' descriptors, with their copies."""
+        open_ = [s for s in self.slots.values() if not s.runner.channel.closed]
+        return {s.runner.channel.fileno(): s for s in open_}
 
     def next_check(self, now: float) -> float:
         """Seconds until `check` has something to do (a hang, a start deadline, a retry)."""
@@ -134,6 +137,7 @@ class Copies:
             runner.close()
             self._left.remove(runner)
         self._spawn_missing(now)
+        self.due = now + self.next_check(now)
 
     def sample(self, slot: Slot, now: float) -> None:
         slot.runner.sample()
@@ -153,6 +157,8 @@ class Copies:
 
     def _drop(self, slot: Slot) -> None:
         self.slots.pop(slot.identity, None)
+        self.generation += 1
+        self.due = 0.0  # a replacement to start, a runner to reap
         slot.runner.kill()
         self._left.append(slot.runner)
 
@@ -172,10 +178,11 @@ class Copies:
 
     def on_control(self, slot: Slot, kind: str, msg: dict[str, Any], now: float) -> None:
         """A copy's `boot`, `ready` or `failed`."""
+        self.due = 0.0  # its state changes: deadlines to look at again
         if kind == "boot":
             init = slot.runner.init_frames()
             if init is not None:
-                self.sock.send_multipart([slot.identity, *init], copy=False)
+                slot.runner.channel.send(init)
         elif kind == "failed" and slot.state == "starting":
             self._start_failed(slot, str(msg.get("error"))[:2000], now)
         elif kind == "ready" and slot.state == "starting":
@@ -208,9 +215,10 @@ class Copies:
     def send(self, slot: Slot, frames: list[Any]) -> None:
         """A call to `slot`: sent now, to be answered within hang_s."""
         assert slot.current is not None
-        self.sock.send_multipart([slot.identity, *frames], copy=False)
+        slot.runner.channel.send(frames)
         slot.current.sent = time.perf_counter()
         slot.deadline = time.monotonic() + self.options.hang_s
+        self.due = min(self.due, slot.deadline)
 
     def stop(self, grace_s: float = 2.0) -> None:
         """End every copy: SIGTERM (a thread: `stop`), then SIGKILL after `grace_s`."""
@@ -219,7 +227,7 @@ class Copies:
         waited = [r for r in runners if not isinstance(r, ThreadRunner) or r in self._live()]
         for slot in self.slots.values():
             if isinstance(slot.runner, ThreadRunner):
-                self.sock.send_multipart([slot.identity, *pipe.pack({"k": "stop"})])
+                slot.runner.channel.send(pipe.pack({"k": "stop"}))
             slot.runner.terminate()
         deadline = time.monotonic() + grace_s
         while time.monotonic() < deadline and any(r.exited() is None for r in waited):
@@ -228,6 +236,7 @@ class Copies:
             runner.close()
         self._left = [r for r in runners if isinstance(r, ThreadRunner) and r.alive]
         self.slots.clear()
+        self.generation += 1
 
     def _live(self) -> list[Runner]:
         return [s.runner for s in self.slots.values()]

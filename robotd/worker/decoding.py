@@ -39,6 +39,19 @@ def decode_window(
     return out
 
 
+def decoded_window(observations: list[dict[str, Any]]) -> list[dict[str, Any]] | None:
+    """The observations with every uploaded frame replaced by its copy decoded ahead, or None
+    if one has none yet (then decode_window must be called, off the poll loop)."""
+    out = []
+    for obs in observations:
+        if any(isinstance(v, Frame) for v in obs.values()):
+            obs = {k: v.decoded() if isinstance(v, Frame) else v for k, v in obs.items()}
+            if any(v is None for v in obs.values()):
+                return None
+        out.append(obs)
+    return out
+
+
 def _decode(layouts: Mapping[str, str], step: int, key: str, frame: Frame) -> np.ndarray:
     layout = layouts.get(key, "hwc_uint8")
     try:

@@ -49,6 +49,7 @@ from typing import Any
 import numpy as np
 
 from robotd.contract import Actions, Observations
+from robotd.wire import DTYPES as WIRE_DTYPES
 from robotd.worker.episode import Episode
 from robotd.worker.params import Param, declared_params
 from robotd.worker.policy_load import (
@@ -208,8 +209,8 @@ class PolicyHost:
 
     def infer(self, inputs: Any, episode: str, rtc: dict[str, Any] | None = None) -> np.ndarray:
         """Run infer for the current episode `episode` (begun) with its parameters and return
-        its rows as a float64 (H, D) array; BadActions if malformed. `rtc` reaches a policy
-        that takes it (see the module docstring), no other."""
+        its rows as an (H, D) array in the policy's own dtype; BadActions if malformed.
+        `rtc` reaches a policy that takes it (see the module docstring), no other."""
         ep = self.episode if self.episode is not None and self.episode.id == episode else None
         if ep is None:  # not begun: an in-process caller that skipped begin()
             ep = self.begin(episode)
@@ -236,7 +237,9 @@ def _call(what: str, fn: Any, *args: Any, **kwargs: Any) -> Any:
 
 
 def check_actions(answer: Any, actions: Actions | None) -> np.ndarray:
-    """infer's answer -> float64 (H, D) array, or BadActions naming what is wrong."""
+    """infer's answer -> (H, D) array, or BadActions naming what is wrong. The rows keep the
+    policy's dtype (float32 travels as float32; the daemon converts once, robot-side);
+    only a dtype the wire does not carry (float128, ...) becomes float64."""
     key = actions.key if actions is not None else None
     if key is not None:
         if not isinstance(answer, Mapping):
@@ -267,7 +270,8 @@ def check_actions(answer: Any, actions: Actions | None) -> np.ndarray:
         raise BadActions(f"{where}: shape {rows.shape} is not 2-D (H rows x D values)")
     if rows.shape[0] < 1 or rows.shape[1] < 1:
         raise BadActions(f"{where}: shape {rows.shape} is empty (need H >= 1, D >= 1)")
-    rows = rows.astype(np.float64)
+    # A copy (the policy may reuse its buffer while the answer travels), in its own dtype.
+    rows = rows.astype(rows.dtype if rows.dtype.name in WIRE_DTYPES else np.float64)
     bad = ~np.isfinite(rows)
     if bad.any():
         i, j = (int(k) for k in np.argwhere(bad)[0])

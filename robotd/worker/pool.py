@@ -22,8 +22,6 @@ from collections import OrderedDict, deque
 from collections.abc import Callable
 from typing import Any
 
-import zmq
-
 from robotd import wire
 from robotd.worker import pipe
 from robotd.worker.copies import Copies
@@ -38,6 +36,7 @@ MAX_QUEUED = 64  # calls waiting for copies (or parked for uploads); beyond that
 
 Reply = Callable[[list[bytes], dict[str, Any]], None]
 Prepare = Callable[[bytes, int, dict[str, Any], list[dict[str, Any]]], None]
+PackNow = Callable[[dict[str, Any], list[dict[str, Any]]], list[Any] | None]
 
 
 class Busy(Exception):
@@ -45,23 +44,23 @@ class Busy(Exception):
 
 
 class Pool:
-    """Episodes on the copies of policy `spec` (robotd.worker.copies), which talk on `sock`
-    (the copies ROUTER, bound at `endpoint`). `reply(route, message)` answers a client;
+    """Episodes on the copies of policy `spec` (robotd.worker.copies), each on a channel of
+    its own. `reply(route, message)` answers a client;
     `prepare(identity, seq, header, observations)` has an act made ready off the loop (then
-    `prepared` is called)."""
+    `prepared` is called); `pack_now(header, observations)` packs one at once when it needs
+    no decoding (None: it does)."""
 
     def __init__(
         self,
         spec: str,
         kwargs: dict[str, Any],
         options: CopyOptions,
-        sock: zmq.Socket,
-        endpoint: str,
         reply: Reply,
     ) -> None:
         self.options, self.reply = options, reply
-        self.copies = Copies(spec, kwargs, options, sock, endpoint, self)
+        self.copies = Copies(spec, kwargs, options, self)
         self.prepare: Prepare | None = None  # set once the contract is known
+        self.pack_now: PackNow | None = None  # an act that needs no decoding, packed at once
         self.bound: dict[str, Slot] = {}
         self.lost: OrderedDict[str, dict[str, Any]] = OrderedDict()  # episode -> its error
         self.ended: OrderedDict[str, None] = OrderedDict()
@@ -124,13 +123,12 @@ class Pool:
 
     # ---- messages from copies ------------------------------------------------------------
 
-    def on_message(self, frames: list[bytes]) -> None:
-        """One message from a copy (ROUTER frames: identity, body)."""
-        slot = self.slots.get(frames[0]) if len(frames) == 2 else None
-        if slot is None:
-            return  # a copy given up already (its last words), or not ours
+    def on_message(self, slot: Slot, frames: list[Any]) -> None:
+        """One message (robotd.worker.pipe's frames) from the copy in `slot`."""
+        if self.slots.get(slot.identity) is not slot:
+            return  # a copy given up already (its last words)
         try:
-            msg = wire.unpackb(frames[1])
+            msg = pipe.unpack(frames)
         except wire.WireError as err:
             log.error("copy %d sent a malformed message: %s", slot.id, err)
             return
@@ -153,8 +151,7 @@ class Pool:
         slot.current, slot.deadline = None, None
         slot.answered += 1
         slot.last_used = now
-        self.copies.sample(slot, now)
-        self.reply(task.route, answer(task, msg))
+        self.reply(task.route, answer(task, msg))  # its memory is sampled on its schedule
         if task.kind == "end" and slot.episode == task.episode:
             self.bound.pop(task.episode, None)
             slot.episode = None
@@ -291,8 +288,12 @@ class Pool:
         }
         if task.rtc is not None:
             header["rtc"] = task.rtc
-        self.prepare(slot.identity, task.seq, header, task.observations)
-        task.observations = None  # the preparer holds them now
+        frames = self.pack_now(header, task.observations) if self.pack_now else None
+        if frames is not None:
+            self.copies.send(slot, frames)
+        else:
+            self.prepare(slot.identity, task.seq, header, task.observations)
+        task.observations = None  # sent, or the preparer holds them now
 
     # ---- parameters and what is known of an episode ----------------------------------------
 

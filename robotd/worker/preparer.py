@@ -15,7 +15,7 @@ import zmq
 
 from robotd import wire
 from robotd.worker import pipe
-from robotd.worker.decoding import decode_window
+from robotd.worker.decoding import decode_window, decoded_window
 from robotd.worker.policy_host import PolicyCallError
 
 log = logging.getLogger("robotd.worker")
@@ -42,6 +42,18 @@ class Preparer:
     ) -> None:
         """Queue an act: `header` is its message without observations (it has `steps`)."""
         self._jobs.put((identity, seq, header, observations))
+
+    def pack_now(self, header: dict[str, Any], observations: list[dict]) -> list[Any] | None:
+        """The act's frames at once, on the caller's thread, when its window needs no
+        decoding (no uploaded frame, or each decoded ahead): packing copies no array, so it
+        costs microseconds and two thread hops less. None: `submit` it."""
+        window = decoded_window(observations)
+        if window is None:
+            return None
+        try:
+            return pipe.pack({**header, "observations": window})
+        except wire.WireError:
+            return None  # submitted: the preparer answers the error
 
     def stop(self) -> None:
         if self._thread.is_alive():

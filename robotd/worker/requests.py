@@ -1,13 +1,10 @@
-"""Parsing the worker's requests (docs/protocol.md), every field checked and every problem a
-BadRequest naming the field; and the worker's endpoints."""
+"""Parsing the observe connection's uploads (docs/protocol.md), every field checked and every
+problem a BadRequest naming the field; the bounds the act socket's requests share
+(robotd.worker.commands); and the worker's endpoints."""
 
 from __future__ import annotations
 
 import contextlib
-import os
-import shutil
-import stat
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -55,102 +52,14 @@ def episode_field(msg: dict[str, Any]) -> str:
     return episode
 
 
-def act_fields(msg: dict[str, Any], windowed: bool) -> tuple[int, list[int], list[dict]]:
-    """An act carrying its observations inline: (step, steps, observations)."""
-    step, steps = steps_fields(msg, windowed)
-    observations = msg.get("observations")
-    if not isinstance(observations, list) or len(observations) != len(steps):
-        got = len(observations) if isinstance(observations, list) else type(observations).__name__
-        raise BadRequest(
-            "bad_request",
-            f"field 'observations': need a list of {len(steps)} "
-            f"maps (one per entry of steps), got {got}",
-        )
-    for i, obs in enumerate(observations):
-        if not isinstance(obs, dict):
-            raise BadRequest(
-                "bad_request", f"field 'observations[{i}]': not a map ({type(obs).__name__})"
-            )
-    return step, steps, observations
-
-
-def steps_fields(msg: dict[str, Any], windowed: bool) -> tuple[int, list[int]]:
-    step, steps = msg.get("step"), msg.get("steps")
-    if not is_int(step) or step < 0:
-        raise BadRequest("bad_request", f"field 'step': missing or not an integer >= 0 ({step!r})")
-    if not isinstance(steps, list) or not 0 < len(steps) <= MAX_STEPS:
-        raise BadRequest(
-            "bad_request", f"field 'steps': missing or not a list of 1..{MAX_STEPS} step numbers"
-        )
-    for i, s in enumerate(steps):
-        if not is_int(s):
-            raise BadRequest("bad_request", f"field 'steps[{i}]': not an integer ({s!r})")
-        if i and s <= steps[i - 1]:
-            raise BadRequest(
-                "bad_request",
-                f"field 'steps[{i}]': {s} after {steps[i - 1]} (steps must be strictly ascending)",
-            )
-    if steps[-1] != step:
-        raise BadRequest(
-            "bad_request", f"field 'steps': last entry {steps[-1]} is not the act's own step {step}"
-        )
-    if not windowed and len(steps) != 1:
-        raise BadRequest(
-            "bad_request",
-            f"field 'steps': {len(steps)} steps, but the policy "
-            "declares no observation contract (the act carries its own step only)",
-        )
-    return step, steps
-
-
-def named_act_fields(
-    msg: dict[str, Any], windowed: bool, default_wait_s: float
-) -> tuple[int, list[int], list[list[str]], dict[int, dict[str, Any]], int | None, float]:
-    """An act that names its steps: (step, steps, reads, inline, release_below, wait_s)."""
-    step, steps = steps_fields(msg, windowed)
-    reads = msg.get("reads")
-    if not isinstance(reads, list) or len(reads) != len(steps):
-        raise BadRequest(
-            "bad_request",
-            f"field 'reads': need a list of {len(steps)} key lists (one per entry of steps)",
-        )
-    for i, keys in enumerate(reads):
-        if not isinstance(keys, list) or not all(isinstance(k, str) and k for k in keys):
-            raise BadRequest("bad_request", f"field 'reads[{i}]': not a list of keys")
-    inline: dict[int, dict[str, Any]] = {}
-    given = msg.get("inline", [])
-    if not isinstance(given, list) or len(given) > len(steps):
-        raise BadRequest("bad_request", "field 'inline': not a list of at most one upload per step")
-    for i, item in enumerate(given):
-        s = item.get("step") if isinstance(item, dict) else None
-        if not is_int(s) or s < 0:
-            raise BadRequest(
-                "bad_request", f"field 'inline[{i}].step': missing or not an integer >= 0"
-            )
-        try:
-            inline.setdefault(s, {}).update(post_values(item.get("values"), item.get("frames")))
-        except ValueError as err:
-            raise BadRequest("bad_request", f"field 'inline[{i}]': {err}") from None
-    below = msg.get("release_below")
-    if below is not None and (not is_int(below) or below < 0):
-        raise BadRequest("bad_request", f"field 'release_below': not an integer >= 0 ({below!r})")
-    wait_s = msg.get("wait_s", default_wait_s)
-    if (
-        isinstance(wait_s, bool)
-        or not isinstance(wait_s, int | float)
-        or not (0 <= wait_s <= MAX_WAIT_S)
-    ):
-        raise BadRequest(
-            "bad_request",
-            f"field 'wait_s': not a number of seconds in 0..{MAX_WAIT_S:g} ({wait_s!r})",
-        )
-    return step, steps, reads, inline, below, float(wait_s)
-
-
 def rtc_field(msg: dict[str, Any]) -> dict[str, Any] | None:
     """An act's optional `rtc` ({"delay": int >= 1, "prefix": (p x D), "rest": (r x D)},
     p <= delay, finite numbers) as the policy is handed it: float64 arrays, read-only."""
-    rtc = msg.get("rtc")
+    return rtc_value(msg.get("rtc"))
+
+
+def rtc_value(rtc: Any) -> dict[str, Any] | None:
+    """An act's `rtc` field's value checked (rtc_field)."""
     if rtc is None:
         return None
     if not isinstance(rtc, dict) or set(rtc) != _RTC_KEYS:
@@ -302,37 +211,3 @@ def ipc_path(endpoint: str) -> Path | None:
         if path and not path.startswith("@"):  # '@': Linux abstract namespace, no file
             return Path(path)
     return None
-
-
-def optional_episode(msg: dict[str, Any]) -> str | None:
-    """A ping's `episode` (optional): the id to report on, or None."""
-    if msg.get("episode") is None:
-        return None
-    return episode_field(msg)
-
-
-PRIVATE_PREFIX = "robotd-copies-"
-
-
-def private_dir() -> Path:
-    """A new 0700 directory for the copies' socket, named for this process; directories
-    left by workers that died without cleaning up (SIGKILL) are removed first."""
-    tmp = Path(tempfile.gettempdir())
-    with contextlib.suppress(OSError):
-        for old in tmp.glob(f"{PRIVATE_PREFIX}*-*"):
-            pid = old.name[len(PRIVATE_PREFIX) :].split("-", 1)[0]
-            info = old.lstat()
-            mine = stat.S_ISDIR(info.st_mode) and info.st_uid == os.getuid()
-            if mine and pid.isdigit() and not _alive(int(pid)):
-                shutil.rmtree(old, ignore_errors=True)
-    return Path(tempfile.mkdtemp(prefix=f"{PRIVATE_PREFIX}{os.getpid()}-"))
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True

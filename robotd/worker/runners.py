@@ -2,8 +2,9 @@
 or a hang cannot take the worker with it), or a thread of the worker (`--copies 0`: no
 isolation, for debugging and tests that look into the policy in process).
 
-Both connect a DEALER, with the identity they are given, to the worker's copies ROUTER and
-run robotd.worker.child.serve_copy on it.
+Both talk to the worker over a channel of their own (robotd.worker.channel: a Unix socket
+pair; the runner keeps the worker's end as `channel`) and run
+robotd.worker.child.serve_copy on the other end.
 """
 
 from __future__ import annotations
@@ -17,10 +18,9 @@ import threading
 from collections.abc import Mapping
 from typing import Any, Protocol
 
-import zmq
-
 from robotd.runtime.procutil import PARENT_ENV
-from robotd.worker import pipe
+from robotd.worker import channel, pipe
+from robotd.worker.channel import Channel
 from robotd.worker.child import serve_copy
 from robotd.worker.death import Memory, read_memory
 
@@ -29,6 +29,7 @@ class Runner(Protocol):
     """One copy's process or thread."""
 
     pid: int | None  # the process id (the worker's own for a thread)
+    channel: Channel  # the worker's end of the copy's channel
 
     def start(self) -> None:
         """Start it; it connects and says `boot` (a process) or `ready` (a thread)."""
@@ -59,18 +60,17 @@ class Runner(Protocol):
 
 
 class ProcessRunner:
-    """A copy in its own process: `python -m robotd.worker.child ENDPOINT IDENTITY`."""
+    """A copy in its own process: `python -m robotd.worker.child FD IDENTITY`, FD its end of
+    the channel (inherited; no other descriptor is)."""
 
     def __init__(
         self,
         identity: bytes,
-        endpoint: str,
         spec: str,
         kwargs: Mapping[str, Any],
         memory_bytes: int = 0,
     ) -> None:
         self.identity = identity
-        self.endpoint = endpoint
         self.spec = spec
         self.kwargs = dict(kwargs)
         self.memory_bytes = memory_bytes
@@ -80,10 +80,17 @@ class ProcessRunner:
         self._memory = Memory()
 
     def start(self) -> None:
-        argv = [sys.executable, "-m", "robotd.worker.child", self.endpoint]
+        ours, theirs = channel.pair()
+        self.channel = channel.Channel(ours)
+        argv = [sys.executable, "-m", "robotd.worker.child", str(theirs.fileno())]
         argv += [self.identity.decode(), "--memory-bytes", str(self.memory_bytes)]
         env = {**os.environ, PARENT_ENV: str(os.getpid())}
-        self._proc = subprocess.Popen(argv, env=env, stdin=subprocess.DEVNULL, close_fds=True)
+        try:
+            self._proc = subprocess.Popen(
+                argv, env=env, stdin=subprocess.DEVNULL, pass_fds=(theirs.fileno(),)
+            )
+        finally:
+            theirs.close()  # the copy holds it now: its end shows as the channel's end
         self.pid = self._proc.pid
         with contextlib.suppress(AttributeError, OSError):
             self._pidfd = os.pidfd_open(self.pid)
@@ -124,35 +131,33 @@ class ProcessRunner:
         if self._pidfd is not None:
             os.close(self._pidfd)
             self._pidfd = None
+        if hasattr(self, "channel"):
+            self.channel.close()
 
 
 class ThreadRunner:
-    """A copy in a thread of the worker, on an inproc endpoint of the worker's context."""
+    """A copy in a thread of the worker, on a channel within the process."""
 
-    def __init__(
-        self, identity: bytes, ctx: zmq.Context, endpoint: str, spec: str, kwargs: Mapping
-    ) -> None:
+    def __init__(self, identity: bytes, spec: str, kwargs: Mapping) -> None:
         self.identity = identity
         self.pid: int | None = os.getpid()
-        self._ctx, self._endpoint = ctx, endpoint
+        ours, self._theirs = channel.pair()
+        self.channel = channel.Channel(ours)
         self._spec, self._kwargs = spec, dict(kwargs)
         self._code: int | None = None
         self._thread = threading.Thread(target=self._run, name="robotd-copy", daemon=True)
 
     def _run(self) -> None:
-        sock = self._ctx.socket(zmq.DEALER)
-        sock.setsockopt(zmq.LINGER, 0)
-        sock.setsockopt(zmq.IDENTITY, self.identity)
-        sock.connect(self._endpoint)
+        end = channel.CopyEnd(self._theirs)
         try:
-            self._code = serve_copy(sock, self._spec, self._kwargs)
-        except zmq.ContextTerminated:
-            self._code = 0
+            self._code = serve_copy(end, self._spec, self._kwargs)
+        except (channel.ChannelClosed, OSError):
+            self._code = 0  # the worker closed its end: it is stopping
         except BaseException:
             self._code = 1
             raise
         finally:
-            sock.close(linger=0)
+            end.close()
 
     def start(self) -> None:
         self._thread.start()
@@ -188,4 +193,5 @@ class ThreadRunner:
         pass
 
     def close(self) -> None:
-        pass
+        if not self._thread.is_alive():
+            self.channel.close()

@@ -6,9 +6,9 @@ Processes, threads and sockets:
   it learns the contract from the first copy that is ready.
 - The calling thread owns every socket and runs one poll loop: the act ROUTER that clients'
   DEALERs talk to, the observe ROUTER that daemons upload observations to (SPEC §4), the
-  copies ROUTER, the preparer's inproc PAIR, and each copy process's pidfd (readable the
-  moment it ends). Requests are parsed and checked here, and pings answered, whatever the
-  copies are doing.
+  preparer's inproc PAIR, each copy's channel (robotd.worker.channel: a Unix socket pair) and
+  each copy process's pidfd (readable the moment it ends). Requests are parsed and checked
+  here, and pings answered, whatever the copies are doing.
 - Uploads go into the frame store (robotd.worker.store), decoded ahead on a decoder thread;
   an act naming steps not yet uploaded is parked until they come or its wait is over
   (robotd.worker.act_requests).
@@ -17,8 +17,8 @@ Processes, threads and sockets:
 
 from __future__ import annotations
 
+import gc
 import logging
-import shutil
 import signal
 import threading
 import time
@@ -27,7 +27,7 @@ from typing import Any
 
 import zmq
 
-from robotd import wire
+from robotd import framed, wire
 from robotd.contract import Actions, Observations
 from robotd.worker.act_requests import ActRequests
 from robotd.worker.decoding import Decoder
@@ -40,17 +40,17 @@ from robotd.worker.requests import (
     BadRequest,
     observe_endpoint,
     prepare_ipc,
-    private_dir,
     remove_ipc,
     request_id,
     upload_fields,
 )
 from robotd.worker.slots import CopyOptions
 from robotd.worker.store import DecodeBudget, FrameStore, StoreLimits
+from robotd.worker.watch import Watch
 
 log = logging.getLogger("robotd.worker")
 
-PROTOCOL = 1
+PROTOCOL = 2  # the newest this worker speaks; 1 (every message one frame) too
 FEATURES = ["ping", "params", "episode_lost"]
 _POLL_MS = 100  # how often the loop looks at `stop`
 
@@ -120,19 +120,12 @@ class _Server:
         ctx = zmq.Context()
         sockets: list[zmq.Socket] = []
         bound: list[str] = []
-        private = private_dir()  # 0700: only this user reaches the copies
         pool: Pool | None = None
         helpers: list[Any] = []
         try:
-            copies_sock = _socket(ctx, zmq.ROUTER, sockets)
-            if self.options.copies == 0:
-                copies_ep = f"inproc://robotd-copies-{id(self)}"
-            else:
-                copies_ep = f"ipc://{private}/copies.sock"
-            copies_sock.bind(copies_ep)
-            pool = Pool(self.spec, self.kwargs, self.options, copies_sock, copies_ep, self._reply)
+            pool = Pool(self.spec, self.kwargs, self.options, self._reply)
             pool.copies.start()
-            if not _await_first_copy(pool, copies_sock, stop):
+            if not _await_first_copy(pool, stop):
                 return
             store, decoder, preparer, prep_sock = self._build(ctx, pool, sockets)
             helpers += [decoder, preparer]
@@ -154,6 +147,7 @@ class _Server:
             )
             if ready is not None:
                 ready(bound[0])
+            gc.freeze()  # what was built is kept: the collector scans only what acts make
             self._loop(pool, store, obs, prep_sock, stop)
         finally:
             for helper in helpers:
@@ -164,11 +158,9 @@ class _Server:
                 sock.close(linger=0)
             for ep in bound:
                 remove_ipc(ep)
-            shutil.rmtree(private, ignore_errors=True)
-            if pool is not None and pool.copies.threads_left():  # a hung thread copy holds a socket
+            if pool is not None and pool.copies.threads_left():
                 log.warning("a copy's thread is still busy at shutdown; leaving it behind")
-            else:
-                ctx.term()
+            ctx.term()
 
     def _build(
         self, ctx: zmq.Context, pool: Pool, sockets: list[zmq.Socket]
@@ -190,7 +182,7 @@ class _Server:
         prep_addr = f"inproc://robotd-prepare-{id(self)}"
         prep_sock.bind(prep_addr)
         preparer = Preparer(ctx, prep_addr, layouts)
-        pool.prepare = preparer.submit
+        pool.prepare, pool.pack_now = preparer.submit, preparer.pack_now
         decoder.start()
         preparer.start()
         self.hello_result = {
@@ -212,10 +204,13 @@ class _Server:
         self.pool = pool
         return store, decoder, preparer, prep_sock
 
-    def _hello(self, observe: bool) -> dict[str, Any]:
+    def _hello(self, observe: bool, protocol: int) -> dict[str, Any]:
+        """hello's result; `protocol` the newest the client speaks (1 if it did not say):
+        the answer names the newest both speak."""
         params = params_to_wire(self.pool.copies.declared, self.pool.params_next)
         endpoints = {"observe": self.observe_ep if observe else None}
-        return {**self.hello_result, "endpoints": endpoints, "params": params}
+        spoken = max(1, min(PROTOCOL, protocol))
+        return {**self.hello_result, "protocol": spoken, "endpoints": endpoints, "params": params}
 
     def _health(self, episode: str | None) -> dict[str, Any]:
         return health(self.pool, self.acts, self.started, episode)
@@ -231,31 +226,27 @@ class _Server:
         prep: zmq.Socket,
         stop: threading.Event,
     ) -> None:
-        router, copies = self.acts.router, pool.copies.sock
+        router = self.acts.router
+        watch = Watch(pool, [router, obs, prep])
+        copies = pool.copies
         while not stop.is_set():
-            poller = zmq.Poller()
-            for sock in (router, obs, copies, prep):
-                poller.register(sock, zmq.POLLIN)
-            for fd in pool.copies.fds():
-                poller.register(fd, zmq.POLLIN)
-            now = time.monotonic()
-            wait_ms = min(self.acts.poll_ms(_POLL_MS), int(pool.copies.next_check(now) * 1e3) + 1)
-            ready = dict(poller.poll(wait_ms))
-            # Copies' messages before their exits: a copy's last words explain its end.
-            if copies in ready:
-                for frames in _recv_all(copies):
-                    pool.on_message(frames)
+            until_check = max(0.0, copies.due - time.monotonic())
+            wait_ms = min(self.acts.poll_ms(_POLL_MS), int(until_check * 1e3) + 1)
+            ready = watch.poll(wait_ms)
+            watch.copies(ready)  # their messages before their exits: last words explain an end
             if prep in ready:
                 for frames in _recv_all(prep, copy=False):
                     identity, seq, tag = (f.bytes for f in frames[:3])
                     pool.prepared(identity, int.from_bytes(seq, "little"), tag == OK, frames[3:])
-            pool.copies.check(time.monotonic())
+            now = time.monotonic()
+            if now >= copies.due or watch.exits(ready):  # a deadline, or a copy ended
+                copies.check(now)
             if obs in ready:
                 touched = {_handle_observe(store, obs, frames) for frames in _recv_all(obs)}
                 for episode in touched - {None}:
                     self.acts.recheck(episode)
-            if router in ready:
-                for frames in _recv_all(router):
+            if router in ready:  # frames not copied: arrays are views of them, passed on
+                for frames in _recv_all(router, copy=False):
                     self.acts.handle(frames)
             self.acts.expire()
 
@@ -265,25 +256,21 @@ def _socket(ctx: zmq.Context, kind: int, sockets: list[zmq.Socket]) -> zmq.Socke
     sock.setsockopt(zmq.LINGER, 0)
     if kind == zmq.ROUTER:
         sock.setsockopt(zmq.MAXMSGSIZE, wire.MAX_MESSAGE_BYTES)
+        sock.copy_threshold = framed.COPY_BELOW  # sent with copy=False: see there
     sockets.append(sock)
     return sock
 
 
-def _await_first_copy(pool: Pool, sock: zmq.Socket, stop: threading.Event) -> bool:
+def _await_first_copy(pool: Pool, stop: threading.Event) -> bool:
     """Wait until a copy is ready (True), `stop` is set (False), or the first copy failed
     to start (PolicyLoadError with its reason)."""
+    watch = Watch(pool, [])
     while not stop.is_set():
         if pool.copies.fatal is not None:
             raise PolicyLoadError(pool.copies.fatal)
         if pool.copies.ready_message is not None:
             return True
-        poller = zmq.Poller()
-        poller.register(sock, zmq.POLLIN)
-        for fd in pool.copies.fds():
-            poller.register(fd, zmq.POLLIN)
-        if sock in dict(poller.poll(_POLL_MS)):
-            for frames in _recv_all(sock):
-                pool.on_message(frames)
+        watch.copies(watch.poll(_POLL_MS))
         pool.copies.check(time.monotonic())
     return False
 

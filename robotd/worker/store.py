@@ -111,6 +111,10 @@ class Frame:
             self._value, self._budget, self._charged = value, budget, nbytes
             return True
 
+    def decoded(self) -> Any:
+        """The copy decoded ahead, or None if none (yet); never waits (set whole, once)."""
+        return self._value
+
     def value(self, decode: Callable[[Any], Any]) -> Any:
         """The decoded frame: the copy made ahead, else `decode(msg)` (not kept)."""
         with self._lock:
