@@ -23,6 +23,7 @@ end (blocking: the copy has nothing else to do).
 from __future__ import annotations
 
 import array
+import logging
 import os
 import socket
 import struct
@@ -44,6 +45,8 @@ MAX_FROM_COPY = wire.MAX_MESSAGE_BYTES  # as on any socket: the daemon refuses h
 
 
 IN_ARENA = 1 << 63
+
+log = logging.getLogger("robotd.worker")
 
 
 class ChannelClosed(Exception):
@@ -95,6 +98,7 @@ class Channel:
         self.closed = False
         self._arena = Arena()
         self._arena_busy = False  # a message in it that the copy has not answered yet
+        self._arena_ok = True
         self._fd: int | None = None  # a new arena's descriptor, to go with the next write
 
     def fileno(self) -> int:
@@ -113,13 +117,18 @@ class Channel:
         views = _views(frames)
         lengths = [v.nbytes for v in views]
         big = [i for i, n in enumerate(lengths) if n >= arena.MIN_FRAME]
-        free = big and not self._out and not self._arena_busy
+        free = big and not self._out and not self._arena_busy and self._arena_ok
         if free and sum(lengths[i] for i in big) <= arena.MAX_BYTES:
-            self._fd = self._arena.place([views[i] for i in big])
-            self._arena_busy = True
-            for i in big:
-                lengths[i] |= IN_ARENA
-            views = [v for n, v in zip(lengths, views) if not n & IN_ARENA]
+            try:
+                self._fd = self._arena.place([views[i] for i in big])
+            except OSError as err:  # no memfd here (or no memory): the socket carries all
+                log.warning("copies' frames go through their sockets: no arena (%s)", err)
+                self._arena_ok = False
+            else:
+                self._arena_busy = True
+                for i in big:
+                    lengths[i] |= IN_ARENA
+                views = [v for n, v in zip(lengths, views) if not n & IN_ARENA]
         self._out.extend([_head(lengths), *views])
         self.flush()
 
