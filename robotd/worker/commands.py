@@ -99,7 +99,9 @@ def decode(frames: Sequence[framed.Buffer]) -> Request:
             raise Refused("bad_request", f"request must be a map ({err})", rid) from None
         raise Refused("bad_request", str(err), rid) from None
     except framed.WireError as err:
-        raise Refused("bad_request", f"request is not msgpack: {err}", _peek_id(frames)) from None
+        bad_msgpack = str(err).startswith("not a valid msgpack")
+        what = "is not msgpack" if bad_msgpack else "breaks its framing"
+        raise Refused("bad_request", f"request {what}: {err}", _peek_id(frames)) from None
 
 
 class _Envelope(Struct):
