@@ -8,7 +8,10 @@ The observation: two 224x224x3 uint8 images, 8 float32 joints (7 + gripper), a p
 The answer: 10 x 8 float32 zeros.
 
   native          robotd.link.client.PolicyClient.act (inline window) against
-                  `robotd serve bench.openpi:NoWorkPolicy`
+                  `robotd serve bench.openpi:NoWorkPolicy --copies 0`: the policy in the
+                  worker's process, as openpi's server runs it (the same server-side work)
+  native_isolated the same against `--copies 1`: the policy in a copy process of its own
+                  (robotd's default: a crash, an OOM, a hang told apart), one hop more
   openpi_adapter  robotd.link.openpi.client.OpenpiLink.act against openpi-server's
                   WebsocketPolicyServer (the real package from PyPI, its own venv)
   openpi_client   openpi-client's WebsocketClientPolicy.infer against the same server
@@ -16,8 +19,9 @@ The answer: 10 x 8 float32 zeros.
 
 Each run times `--calls` calls after 20 warm-up calls; runs of the three interleave, and
 each figure is the median over `--runs` runs of that run's p50 / p99. With --json the
-last line is {"native": {"p50_ms", "p99_ms"}, "openpi_adapter": {...}, "openpi_client":
-{...}, "adapter_vs_client_p50", "native_vs_client_p50"} (ratios of the p50s).
+last line is {"native": {"p50_ms", "p99_ms"}, "native_isolated": {...}, "openpi_adapter":
+{...}, "openpi_client": {...}, "adapter_vs_client_p50", "native_vs_client_p50"} (ratios of
+the p50s). Target (issue 10): native p50 <= 0.5 x openpi_client's, adapter <= 1.1 x.
 """
 
 from __future__ import annotations
@@ -133,11 +137,11 @@ def _openpi_client(python: Path, url: str, calls: int) -> list[float]:
     return json.loads(proc.stdout.splitlines()[-1])["rtt_ms"]
 
 
-def _start_native() -> tuple[subprocess.Popen[str], str]:
+def _start_native(copies: int) -> tuple[subprocess.Popen[str], str]:
     proc = subprocess.Popen(
         [
             *(sys.executable, "-m", "robotd", "serve", "bench.openpi:NoWorkPolicy"),
-            *("--bind", "tcp://127.0.0.1:0"),
+            *("--bind", "tcp://127.0.0.1:0", "--copies", str(copies)),
         ],
         env=child_env(),
         stdout=subprocess.PIPE,
@@ -170,9 +174,14 @@ def _start_openpi(log_dir: Path) -> tuple[Path, Any]:
 
 def measure(calls: int, runs: int, log_dir: Path) -> dict[str, list[dict[str, float]]]:
     python, server = _start_openpi(log_dir)
-    native, endpoint = _start_native()
+    # native: the policy in the worker's own process, as openpi's server runs it (the same
+    # server-side work); native_isolated: in a copy process of its own (robotd's default,
+    # which tells a crash, an OOM and a hang apart), one process hop more.
+    native, endpoint = _start_native(0)
+    isolated, isolated_ep = _start_native(1)
     results: dict[str, list[dict[str, float]]] = {
         "native": [],
+        "native_isolated": [],
         "openpi_adapter": [],
         "openpi_client": [],
     }
@@ -182,14 +191,18 @@ def measure(calls: int, runs: int, log_dir: Path) -> dict[str, list[dict[str, fl
             results["native"].append(
                 percentiles(anyio.run(_native, endpoint, calls, backend_options=uvloop))
             )
+            results["native_isolated"].append(
+                percentiles(anyio.run(_native, isolated_ep, calls, backend_options=uvloop))
+            )
             results["openpi_adapter"].append(
                 percentiles(anyio.run(_adapter, server.url, calls, backend_options=uvloop))
             )
             results["openpi_client"].append(percentiles(_openpi_client(python, server.url, calls)))
     finally:
         server.kill()
-        native.terminate()
-        native.wait(10)
+        for proc in (native, isolated):
+            proc.terminate()
+            proc.wait(10)
     return results
 
 
