@@ -81,5 +81,6 @@ class Tunable:
 
     def infer(self, obs: dict[str, Any], *, episode: Any = None, gain: float = 1.0) -> np.ndarray:
         with self.path.open("a") as f:
-            f.write(json.dumps({"episode": str(episode), "gain": gain}) + "\n")
+            task = getattr(episode, "task", None)
+            f.write(json.dumps({"episode": str(episode), "gain": gain, "task": task}) + "\n")
         return np.tile(np.asarray(obs["joints.pos"], dtype=float), (8, 1))

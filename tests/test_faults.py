@@ -238,7 +238,9 @@ def test_a_stopped_worker_is_gone_then_back_and_its_late_replies_never_play(
     assert s["episode_resets"] >= 1 and s["stale_rows_played"] == 0
 
 
-def test_params_set_by_the_operator_apply_from_the_next_episode(tmp_path: Path) -> None:
+def test_params_set_by_the_operator_apply_from_the_next_episode_and_task_reaches_it(
+    tmp_path: Path,
+) -> None:
     import tempfile
 
     with tempfile.TemporaryDirectory(prefix="rbt-f-") as tmp:
@@ -257,10 +259,15 @@ def test_params_set_by_the_operator_apply_from_the_next_episode(tmp_path: Path) 
             n = len(w.acts())
             wait_for(lambda: len(w.acts()) >= n + 3, "more acts of the first episode")
             assert {a["gain"] for a in w.acts() if a["episode"] == first} == {1.0}
-            for cmd in ("stop", "reset_done", "start"):
+            for cmd in ("stop", "reset_done"):
                 assert client.request(cmd)["ok"], cmd
+            assert client.request("start", {"task": "stack the red blocks"})["ok"]
             wait_for(lambda: any(a["episode"] != first for a in w.acts()), "the next episode")
-            assert {a["gain"] for a in w.acts() if a["episode"] != first} == {2.5}
+            later = [a for a in w.acts() if a["episode"] != first]
+            assert {a["gain"] for a in later} == {2.5}
+            # the operator's task text reaches the policy as its Episode's task
+            assert {a["task"] for a in later} == {"stack the red blocks"}
+            assert {a["task"] for a in w.acts() if a["episode"] == first} == {""}
         finally:
             client.close()
             finish(d)

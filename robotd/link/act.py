@@ -68,6 +68,7 @@ class ActLink:
         stream_wait_s: float = 10.0,
         counters: LinkCounters | None = None,
         on_lost: Callable[[str, str], None] | None = None,
+        task: Callable[[], str] = lambda: "",
     ) -> None:
         self.client = client
         self.planner = planner
@@ -81,6 +82,7 @@ class ActLink:
         self.counters = counters or LinkCounters()
         # (episode, cause): the worker's copy of the policy holding the episode is gone
         self.on_lost = on_lost
+        self.task = task  # the running episode's task text (operator's robotctl start --task)
         self._prev_act: dict[str, int] = {}
 
     def begin(self, ask: Ask) -> _Ask | None:
@@ -153,7 +155,12 @@ class ActLink:
     async def _act(self, a: _Ask) -> ActResult:
         if a.inputs is not None:
             return await self.client.act(
-                a.wep, a.step, list(a.inputs["steps"]), a.inputs["observations"], rtc=a.rtc
+                a.wep,
+                a.step,
+                list(a.inputs["steps"]),
+                a.inputs["observations"],
+                rtc=a.rtc,
+                task=self.task()[:2000],
             )
         return await self._act_named(a)
 
@@ -190,6 +197,7 @@ class ActLink:
                         wait_s=self.stream_wait_s,
                         timeout_s=timeout,
                         rtc=a.rtc,
+                        task=self.task()[:2000],
                     )
                     break
                 except PolicyError as exc:

@@ -94,9 +94,11 @@ class PolicyClient:
         *,
         timeout_s: float | None = None,
         rtc: dict[str, Any] | None = None,
+        task: str = "",
     ) -> ActResult:
         """Ask for a chunk computed from `step`; `steps`/`observations` are the window;
-        `rtc` the frozen prefix (robotd.link.rtc), sent when given."""
+        `rtc` the frozen prefix (robotd.link.rtc), sent when given; `task` the episode's
+        task text (the policy's Episode.task), sent when there is one."""
         message: dict[str, Any] = {
             "cmd": "act",
             "episode": episode,
@@ -106,6 +108,8 @@ class PolicyClient:
         }
         if rtc is not None:
             message["rtc"] = rtc
+        if task:
+            message["task"] = task
         started = time.perf_counter()
         result = await self._request(message, self.timeout_s if timeout_s is None else timeout_s)
         rtt_ms = (time.perf_counter() - started) * 1e3
@@ -123,13 +127,14 @@ class PolicyClient:
         wait_s: float | None = None,
         timeout_s: float | None = None,
         rtc: dict[str, Any] | None = None,
+        task: str = "",
     ) -> ActResult:
         """Ask for a chunk computed from `step`, naming the window (`reads[i]`: the keys read
         at `steps[i]`) that the worker holds from uploads; `inline` carries uploads
         ({"step", "values", "frames"}) the worker lacks. `release_below`: no later act of
         the episode reads steps below it. `wait_s`: how long the worker waits for missing
         steps before answering PolicyError "missing_steps" (see PolicyError.missing).
-        `rtc`: the frozen prefix, as for `act`."""
+        `rtc` and `task`: as for `act`."""
         message: dict[str, Any] = {
             "cmd": "act",
             "episode": episode,
@@ -145,6 +150,8 @@ class PolicyClient:
             message["wait_s"] = wait_s
         if rtc is not None:
             message["rtc"] = rtc
+        if task:
+            message["task"] = task
         started = time.perf_counter()
         result = await self._request(message, self.timeout_s if timeout_s is None else timeout_s)
         rtt_ms = (time.perf_counter() - started) * 1e3

@@ -121,11 +121,14 @@ async def connect_policy(
     worker_failed: Callable[[], str],
     counters: LinkCounters | None = None,
     on_lost: Callable[[str, str], None] | None = None,
+    task: Callable[[], str] = lambda: "",
 ) -> PolicyLink:
     """Hello (retried while the worker comes up), then the link (build_link)."""
     client, hs = await hello(cfg, endpoint, worker_failed)
     try:
-        return build_link(cfg, endpoint, client, hs, steps, rings, send_down, counters, on_lost)
+        return build_link(
+            cfg, endpoint, client, hs, steps, rings, send_down, counters, on_lost, task
+        )
     except StartupError:
         await client.close()
         raise
@@ -141,6 +144,7 @@ def build_link(
     send_down: Callable[[Any], None],
     counters: LinkCounters | None = None,
     on_lost: Callable[[str, str], None] | None = None,
+    task: Callable[[], str] = lambda: "",
 ) -> PolicyLink:
     """The window planner, the uploads (when the worker has an observe endpoint) and the
     act link, sized to the contract in force; StartupError (or ContractError) when the
@@ -169,6 +173,7 @@ def build_link(
         stream_wait_s=cfg.policy.stream_wait_s,
         counters=counters,
         on_lost=on_lost,
+        task=task,
     )
     log.info(
         "policy %s at %s: streams %s",

@@ -112,6 +112,7 @@ class PolicySession:
                 worker_failed=self.worker_failed,
                 counters=self.counters,
                 on_lost=self.episode_lost,
+                task=self.task,
             )
             self._install(link)
             actions = link.actions
@@ -235,6 +236,7 @@ class PolicySession:
                 self.send_down,
                 self.counters,
                 self.episode_lost,
+                self.task,
             )
         except (StartupError, ContractError) as exc:
             await client.close()

@@ -123,10 +123,12 @@ class ActRequests:
         rtc = rtc_value(act.rtc)
         if act.reads is None:  # observations inline, as sent before uploads existed
             observations = commands.inline_observations(act)
-            return Task("act", route, rid, episode, act.step, act.steps, observations, rtc)
+            return Task(
+                "act", route, rid, episode, act.step, act.steps, observations, rtc, act.task
+            )
         reads, inline = commands.named_window(act)
         wait_s = self.stream_wait_s if act.wait_s is None else act.wait_s
-        task = Task("act", route, rid, episode, act.step, act.steps, rtc=rtc)
+        task = Task("act", route, rid, episode, act.step, act.steps, rtc=rtc, task=act.task)
         if episode in self.pool.lost:
             return task  # answered at once: no use waiting for its uploads
         return Parked(task, reads, inline, act.release_below, time.monotonic() + wait_s, wait_s)

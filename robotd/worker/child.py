@@ -104,7 +104,10 @@ def _job(host: PolicyHost, msg: dict[str, Any]) -> dict[str, Any]:
             host.end_episode(msg["episode"])
             return {"k": "done", "seq": seq, "ok": True, "result": {}}
         started = time.perf_counter()
-        episode = host.begin(msg["episode"], msg.get("params") or {})
+        task = msg.get("task")
+        episode = host.begin(
+            msg["episode"], msg.get("params") or {}, task if isinstance(task, str) else ""
+        )
         inputs = host.inputs(msg["steps"], msg["observations"])
         begun = time.perf_counter()
         rows = host.infer(inputs, msg["episode"], rtc=msg.get("rtc"))

@@ -32,6 +32,9 @@ StepNo = Annotated[int, Meta(ge=0)]
 Key = Annotated[str, Meta(min_length=1, max_length=MAX_KEY)]
 
 
+MAX_TASK = 2000  # characters of an episode's task text (what an operator typed)
+
+
 class Hello(Struct, tag="hello", tag_field="cmd"):
     id: int
     observe: Any = None  # true: the client uploads, tell it the observe endpoint
@@ -72,6 +75,7 @@ class Act(Struct, tag="act", tag_field="cmd"):
     release_below: StepNo | None = None
     wait_s: Annotated[float, Meta(ge=0, le=MAX_WAIT_S)] | None = None
     rtc: Any = None  # the frozen prefix (robotd.worker.requests.rtc_value checks it)
+    task: Annotated[str, Meta(max_length=MAX_TASK)] = ""  # the episode's task text
 
 
 Request = Hello | Ping | Params | EndEpisode | Act

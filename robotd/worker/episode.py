@@ -17,17 +17,23 @@ class Episode(str):
       episode (and for an episode restarted in a new copy after its copy was lost).
     - `params`: the inference parameters in effect for this episode (read-only; a `params`
       request changes them from the next episode on, never during one).
+    - `task`: the episode's task text, as the operator gave it (`robotctl start --task`),
+      "" when none was given.
     """
 
     state: dict[str, Any]
     steps: int
     params: Mapping[str, Any]
+    task: str
 
-    def __new__(cls, episode_id: str, params: Mapping[str, Any] | None = None) -> Episode:
+    def __new__(
+        cls, episode_id: str, params: Mapping[str, Any] | None = None, task: str = ""
+    ) -> Episode:
         self = super().__new__(cls, episode_id)
         self.state = {}
         self.steps = 0
         self.params = MappingProxyType(dict(params or {}))
+        self.task = task
         return self
 
     @property

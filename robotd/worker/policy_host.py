@@ -145,7 +145,9 @@ class PolicyHost:
         """The current episode's id, or None between episodes."""
         return self.episode.id if self.episode is not None else None
 
-    def begin(self, episode: str, params: Mapping[str, Any] | None = None) -> Episode:
+    def begin(
+        self, episode: str, params: Mapping[str, Any] | None = None, task: str = ""
+    ) -> Episode:
         """Make `episode` current before an act: on a new id, a fresh Episode with `params`
         (default: `next_params`) and reset(); an ended id is refused. Parameters never
         change for an episode already current."""
@@ -162,7 +164,7 @@ class PolicyHost:
                 self._end_current()
             except PolicyCallError as err:
                 log.warning("episode %s: %s", previous, err)
-        fresh = Episode(episode, self.next_params if params is None else params)
+        fresh = Episode(episode, self.next_params if params is None else params, task)
         self._hook("reset", fresh)  # raises on failure: the next act for this id tries again
         self.episode = fresh
         return fresh

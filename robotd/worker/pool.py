@@ -288,6 +288,8 @@ class Pool:
         }
         if task.rtc is not None:
             header["rtc"] = task.rtc
+        if task.task:
+            header["task"] = task.task
         frames = self.pack_now(header, task.observations) if self.pack_now else None
         if frames is not None:
             self.copies.send(slot, frames)

@@ -50,6 +50,7 @@ class Task:
     steps: list[int] | None = None
     observations: list[dict[str, Any]] | None = None
     rtc: dict[str, Any] | None = None  # the act's frozen prefix (requests.rtc_field)
+    task: str = ""  # the episode's task text
     received: float = field(default_factory=time.perf_counter)
     seq: int = 0
     sent: float = 0.0  # perf_counter when it went to the copy
