@@ -21,14 +21,9 @@ from robotd import wire
 from robotd.contract import Camera
 from robotd.frames import fit_and_encode, to_wire
 from robotd.link.client import PolicyClient, PolicyError
+from robotd.worker.frame import DecodeBudget, Frame
 from robotd.worker.server import observe_endpoint, serve
-from robotd.worker.store import (
-    SKIP_ENTRY_BYTES,
-    DecodeBudget,
-    Frame,
-    FrameStore,
-    StoreLimits,
-)
+from robotd.worker.store import SKIP_ENTRY_BYTES, FrameStore, StoreLimits
 
 # ---------------------------------------------------------------- the store alone
 

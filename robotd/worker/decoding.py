@@ -17,8 +17,8 @@ from typing import Any
 import numpy as np
 
 from robotd.frames import FrameError, decode
+from robotd.worker.frame import DecodeBudget, Frame
 from robotd.worker.policy_host import PolicyCallError
-from robotd.worker.store import DecodeBudget, Frame
 
 MAX_AHEAD = 256  # frames waiting to be decoded ahead; beyond it the act's preparer decodes
 
@@ -26,7 +26,7 @@ MAX_AHEAD = 256  # frames waiting to be decoded ahead; beyond it the act's prepa
 def decode_window(
     layouts: Mapping[str, str], steps: list[int], observations: list[dict[str, Any]]
 ) -> list[dict[str, Any]]:
-    """The observations with every uploaded frame (robotd.worker.store.Frame) decoded to its
+    """The observations with every uploaded frame (robotd.worker.frame.Frame) decoded to its
     key's layout; a bad frame is PolicyCallError("bad_frame") naming step and key."""
     out = []
     for step, obs in zip(steps, observations):

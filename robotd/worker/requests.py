@@ -12,7 +12,7 @@ from typing import Any
 import numpy as np
 
 from robotd.contract import MAX_STREAMS
-from robotd.worker.store import Frame
+from robotd.worker.frame import Frame
 
 MAX_STEPS = 65536
 MAX_EPISODE_ID = 256

@@ -31,6 +31,7 @@ from robotd import framed, wire
 from robotd.contract import Actions, Observations
 from robotd.worker.act_requests import ActRequests
 from robotd.worker.decoding import Decoder
+from robotd.worker.frame import DecodeBudget
 from robotd.worker.health import health
 from robotd.worker.params import params_to_wire
 from robotd.worker.policy_load import PolicyLoadError
@@ -45,7 +46,7 @@ from robotd.worker.requests import (
     upload_fields,
 )
 from robotd.worker.slots import CopyOptions
-from robotd.worker.store import DecodeBudget, FrameStore, StoreLimits
+from robotd.worker.store import FrameStore, StoreLimits
 from robotd.worker.watch import Watch
 
 log = logging.getLogger("robotd.worker")
