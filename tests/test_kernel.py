@@ -89,6 +89,18 @@ def test_answer_to_an_old_ask_is_discarded():
     assert rig.k.step == 1  # the new worker-side episode counts from 0 at the reset
 
 
+def test_a_new_worker_episode_asks_at_once_whatever_the_old_episode_failed():
+    rig = started()
+    rig.tick()
+    (ask,) = rig.asks()
+    rig.k.act_failed(ask["id"], "act failed: TimeoutError")
+    rig.tick()
+    assert len(rig.asks()) == 1  # backing off after the failure
+    rig.k.episode_lost("worker crashed")
+    rig.tick()
+    assert len(rig.asks()) == 2 and rig.asks()[1]["wep"] != ask["wep"]
+
+
 def test_watchdog_ends_the_episode_at_exactly_max_hold_steps():
     rig = started("control.max_hold_steps=5")
     for _ in range(4):

@@ -81,8 +81,10 @@ class Playback:
         self.queue = ActionQueue(self._qcfg)
 
     def reset(self, *, keep_seam: bool = False) -> int:
-        """A new (worker-side) episode: nothing queued, nothing in flight. Returns rows flushed."""
+        """A new (worker-side) episode: nothing queued, nothing in flight, no back-off owed
+        to the old episode's failed act (the new one asks at once). Returns rows flushed."""
         self.in_flight = None
+        self._retry_at_tick = 0
         self._pending.clear()
         self._frozen_until = 0
         return self.queue.flush(keep_seam=keep_seam)
