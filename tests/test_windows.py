@@ -187,3 +187,30 @@ def test_bad_steps_and_missing_keys_are_refused() -> None:
     obs = Observations(streams={"cam9": Stream()}).resolve(10)
     with pytest.raises(ContractError, match="'cam9' not produced by this robot"):
         WindowPlanner(obs, ["a"])
+
+
+def test_an_inline_window_tells_the_tap_each_steps_frames_once() -> None:
+    import numpy as np
+
+    from robotd.link.frame_tap import tap_window
+
+    class Tap:
+        def __init__(self) -> None:
+            self.got: list[tuple[str, int, list[str]]] = []
+
+        def inlined(self, wep: str, step: int, frames: dict[str, Any]) -> None:
+            self.got.append((wep, step, sorted(frames)))
+
+    window = Window(steps=(-2, 0, 3), keys_at={-2: ("cam",), 0: ("cam",), 3: ("cam", "joints.pos")})
+    frame = np.zeros((4, 4, 3), np.uint8)
+    inputs = assemble(window, lambda s, k: frame if k == "cam" else np.zeros(2))
+    tap = Tap()
+    tap_window(tap, "w", window, inputs)
+    assert tap.got == [("w", 0, ["cam"]), ("w", 3, ["cam"])]  # step -2 reads step 0's frame
+
+    class Broken:
+        def inlined(self, wep: str, step: int, frames: dict[str, Any]) -> None:
+            raise RuntimeError("disk full")
+
+    tap_window(Broken(), "w", window, inputs)  # logged, never raised into the act
+    tap_window(None, "w", window, inputs)

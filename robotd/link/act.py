@@ -21,6 +21,7 @@ from robotd.contract import Actions
 from robotd.lane.messages import ActFailed, Ask, ChunkRows, Rows
 from robotd.link.chunks import ChunkLimits, ChunkRefused, prepare
 from robotd.link.client import ActResult, PolicyClient, PolicyError
+from robotd.link.frame_tap import FrameTap, tap_window
 from robotd.link.replies import episode_lost
 from robotd.link.rtc import RtcRefused, rtc_request
 from robotd.link.steps import FrameLost, LinkCounters, StepReader
@@ -84,6 +85,7 @@ class ActLink:
         self.on_lost = on_lost
         self.task = task  # the running episode's task text (operator's robotctl start --task)
         self._prev_act: dict[str, int] = {}
+        self.tap: FrameTap | None = None  # told the frames of inline windows (the trace)
 
     def begin(self, ask: Ask) -> _Ask | None:
         """The part of an ask done at once, in message order: plan the window and tell the
@@ -103,6 +105,7 @@ class ActLink:
                 self.uplink.ensure(wep, a.window.needed())
             else:
                 a.inputs = assemble(a.window, lambda s, k: self.reader.value(wep, s, k))
+                tap_window(self.tap, wep, a.window, a.inputs)
             return a
         except FrameLost as exc:
             self.counters.skipped_frames += 1

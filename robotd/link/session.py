@@ -27,6 +27,7 @@ from robotd.contract import Actions, ContractError
 from robotd.lane.messages import ActFailed, Ask, Contract, EpisodeLost, Merged, Step
 from robotd.link.client import Handshake, PolicyError
 from robotd.link.connect import PolicyLink, StartupError, build_link, connect_policy, hello_once
+from robotd.link.frame_tap import FrameTap
 from robotd.link.health import LinkHealth
 from robotd.link.replies import ping_episode
 from robotd.link.steps import LinkCounters, StepRing
@@ -38,9 +39,9 @@ log = logging.getLogger("robotd.link")
 PING_EVERY_S = 0.02
 
 
-class LinkTap(UplinkTap, Protocol):
-    """Told what the link does (the trace: robotd.runtime.recorder): what went up, what
-    the worker refused, and the link's own events. Returns at once."""
+class LinkTap(UplinkTap, FrameTap, Protocol):
+    """Told what the link does (the trace: robotd.runtime.recorder): what went up (uploaded
+    or inline), what the worker refused, and the link's own events. Returns at once."""
 
     def link(self, kind: str, detail: Mapping[str, Any] | None = None, **more: Any) -> None:
         """A link event of `kind` (reconnect: the worker gone, then back)."""
@@ -101,6 +102,7 @@ class PolicySession:
             from robotd.link.openpi.session import connect_openpi
 
             self.openpi = await connect_openpi(self)
+            self.openpi.acts.tap = self.trace
             actions = self.openpi.acts.actions
         else:
             link = await connect_policy(
@@ -131,6 +133,7 @@ class PolicySession:
 
     def _install(self, link: PolicyLink) -> None:
         self.link, self._handshake = link, link.handshake
+        link.link.tap = self.trace
         if link.uplink is not None:
             link.uplink.tap = self.trace
             assert self._tg is not None

@@ -204,6 +204,14 @@ class Recorder:
         nbytes = sum(_size(f.get("data")) for f in frames.values())
         self.link("upload", wep=wep, step=step, keys=sorted([*frames, *values]),
                   frames=len(frames), bytes=nbytes)
+        self._frames_of(wep, step, frames)
+
+    def inlined(self, wep: str, step: int, frames: Mapping[str, np.ndarray]) -> None:
+        """A step's frames went inline with an act (robotd.link.frame_tap): recorded as
+        uploaded ones are, the raw pixels JPEG-encoded by the writer thread."""
+        self._frames_of(wep, step, {cam: {"data": pixels} for cam, pixels in frames.items()})
+
+    def _frames_of(self, wep: str, step: int, frames: Mapping[str, Mapping[str, Any]]) -> None:
         cams = self._cams.get((wep, step))
         if self.episode is None or cams is None:
             return

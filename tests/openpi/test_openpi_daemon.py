@@ -9,9 +9,13 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import cv2
+import numpy as np
 import pytest
 
 from robotd.operator.robotctl import ControlClient
+from robotd.trace.codec import frame_bytes
+from robotd.trace.reader import read_all
 from tests.copy_util import wait_for
 from tests.daemon_util import REPO, Daemon
 
@@ -54,6 +58,27 @@ def test_a_sim_run_acts_through_an_openpi_server(rig: Any) -> None:
     assert s["acts"] >= 5 and s["episode_resets"] == 0
     status = client.request("status")["result"]
     assert status["link"]["state"] == "up" and status["link"]["server"]["connected"]
+
+
+def test_the_frames_the_server_read_are_in_the_trace(rig: Any) -> None:
+    d, client, _server = rig
+    assert client.request("stop")["ok"]
+    (run,) = [p for p in d.traces.iterdir() if p.is_dir()]
+    path = run / "episode-000001.mcap"
+
+    def closed() -> bool:
+        return path.exists() and read_all(path)[1].status.complete
+
+    wait_for(closed, "the episode's trace file closed", every=0.2)
+    msgs, _ = read_all(path)
+    frames = {cam: [m.record for m in msgs if m.topic == f"/camera/{cam}"]
+              for cam in ("exterior", "wrist")}  # fmt: skip
+    for cam, got in frames.items():
+        assert got, f"no {cam} frames traced for an openpi run"
+        img = cv2.imdecode(np.frombuffer(frame_bytes(got[-1]), np.uint8), cv2.IMREAD_COLOR)
+        assert got[-1]["format"] == "jpeg" and img.shape == (480, 640, 3)
+    indices = [r["frame_index"] for r in frames["exterior"]]
+    assert indices == sorted(set(indices))  # each frame once, as captured
 
 
 def test_a_policy_that_raises_holds_reconnects_and_goes_on_in_a_new_episode(rig: Any) -> None:

@@ -20,6 +20,7 @@ from robotd.config import Config
 from robotd.contract import Actions, Observations, Stream
 from robotd.lane.messages import ActFailed, Ask, ChunkRows, Rows
 from robotd.link.chunks import ChunkLimits, ChunkRefused, prepare
+from robotd.link.frame_tap import FrameTap, tap_window
 from robotd.link.openpi.client import OpenpiLink
 from robotd.link.openpi.errors import (
     ActTimeout,
@@ -87,6 +88,7 @@ class OpenpiActs:
         self.counters = counters
         self.limits = ChunkLimits(cfg.policy.max_chunk_rows, len(cfg.joints.names))
         self._prev_act: dict[str, int] = {}
+        self.tap: FrameTap | None = None  # told the frames each act read (the trace)
 
     def begin(self, ask: Ask) -> _Act | None:
         """Plan the window and read it out of the rings at once (frames are overwritten);
@@ -106,6 +108,7 @@ class OpenpiActs:
             self._fail(ask.id, f"window incomplete: {exc}")
             return None
         self._prev_act[ask.wep] = ask.s
+        tap_window(self.tap, ask.wep, window, inputs)
         return _Act(ask.id, ask.wep, ask.s, prev, inputs, time.perf_counter(), rtc)
 
     async def finish(self, a: _Act) -> None:
