@@ -25,6 +25,7 @@ from __future__ import annotations
 import math
 import struct
 import sys
+from collections.abc import Callable
 from typing import Any
 
 import msgpack
@@ -104,15 +105,30 @@ def packb(obj: Any) -> bytes:
 
 def unpackb(data: bytes | bytearray | memoryview, *, max_bytes: int = MAX_MESSAGE_BYTES) -> Any:
     """Unpack one message; raises WireError naming what is wrong with the bytes."""
+    obj = unpack_bounded(data, max_bytes=max_bytes, ext_hook=_ext_hook, error=WireError)
+    _check_depth(obj)
+    return obj
+
+
+def unpack_bounded(
+    data: bytes | bytearray | memoryview,
+    *,
+    max_bytes: int,
+    ext_hook: Callable[[int, bytes], Any],
+    error: type[Exception],
+) -> Any:
+    """msgpack-decode untrusted bytes with every length bounded by the message's own size
+    (a few bytes cannot claim a huge string or container) and maps keyed by strings;
+    `error(text)` raised for anything wrong (an `error` raised by `ext_hook` passes)."""
     if not isinstance(data, bytes | bytearray | memoryview):
-        raise WireError(f"expected bytes, got {type(data).__name__}")
+        raise error(f"expected bytes, got {type(data).__name__}")
     size = memoryview(data).nbytes
     if size > max_bytes:
-        raise WireError(f"message of {size} bytes exceeds the limit of {max_bytes} bytes")
+        raise error(f"message of {size} bytes exceeds the limit of {max_bytes} bytes")
     try:
-        obj = msgpack.unpackb(
+        return msgpack.unpackb(
             data,
-            ext_hook=_ext_hook,
+            ext_hook=ext_hook,
             raw=False,
             strict_map_key=True,
             max_str_len=min(size, MAX_STR_LEN),
@@ -121,21 +137,19 @@ def unpackb(data: bytes | bytearray | memoryview, *, max_bytes: int = MAX_MESSAG
             max_array_len=min(size, MAX_CONTAINER_LEN),
             max_map_len=min(size, MAX_CONTAINER_LEN),
         )
-    except WireError:
+    except error:
         raise
     except msgpack.ExtraData:
-        raise WireError("trailing bytes after the message") from None
+        raise error("trailing bytes after the message") from None
     except msgpack.StackError:
-        raise WireError(f"nesting deeper than {MAX_DEPTH} levels") from None
+        raise error(f"nesting deeper than {MAX_DEPTH} levels") from None
     except UnicodeDecodeError as err:
-        raise WireError(f"string is not valid UTF-8: {err.reason}") from None
+        raise error(f"string is not valid UTF-8: {err.reason}") from None
     except (ValueError, TypeError, msgpack.UnpackException) as err:
         text = str(err) or "bad format byte"
         if "incomplete" in text:
             text = "truncated message (incomplete input)"
-        raise WireError(f"not a valid msgpack message: {text}") from None
-    _check_depth(obj)
-    return obj
+        raise error(f"not a valid msgpack message: {text}") from None
 
 
 def _default(obj: Any) -> Any:

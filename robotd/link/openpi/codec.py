@@ -29,12 +29,11 @@ import msgpack
 import numpy as np
 
 from robotd.link.openpi.errors import CodecError
+from robotd.wire import unpack_bounded
 
 MAX_MESSAGE_BYTES = 1 << 30
 MAX_DEPTH = 32  # containers inside containers (an array map counts as a level)
 MAX_NDIM = 32
-MAX_STR_LEN = 16 << 20
-MAX_CONTAINER_LEN = 1 << 20
 
 _ARRAY_KEYS = frozenset({b"__ndarray__", b"data", b"dtype", b"shape"})
 _SCALAR_KEYS = frozenset({b"__npgeneric__", b"data", b"dtype"})
@@ -130,37 +129,7 @@ def _refuse_ext(code: int, data: bytes) -> Any:
 
 def unpackb(data: bytes | bytearray | memoryview, *, max_bytes: int = MAX_MESSAGE_BYTES) -> Any:
     """Decode one untrusted message (see the module contract); CodecError for any problem."""
-    if not isinstance(data, bytes | bytearray | memoryview):
-        raise CodecError(f"expected bytes, got a {type(data).__name__}")
-    size = memoryview(data).nbytes
-    if size > max_bytes:
-        raise CodecError(f"message of {size} bytes exceeds the limit of {max_bytes} bytes")
-    try:
-        obj = msgpack.unpackb(
-            data,
-            ext_hook=_refuse_ext,
-            raw=False,
-            strict_map_key=True,
-            use_list=True,
-            max_str_len=min(size, MAX_STR_LEN),
-            max_bin_len=size,
-            max_ext_len=size,
-            max_array_len=min(size, MAX_CONTAINER_LEN),
-            max_map_len=min(size, MAX_CONTAINER_LEN),
-        )
-    except CodecError:
-        raise
-    except msgpack.ExtraData:
-        raise CodecError("trailing bytes after the message") from None
-    except msgpack.StackError:
-        raise CodecError(f"nesting deeper than {MAX_DEPTH} levels") from None
-    except UnicodeDecodeError as exc:
-        raise CodecError(f"a string is not valid UTF-8: {exc.reason}") from None
-    except (ValueError, TypeError, msgpack.UnpackException) as exc:
-        text = str(exc) or "bad format byte"
-        if "incomplete" in text:
-            text = "truncated message (incomplete input)"
-        raise CodecError(f"not a valid msgpack message: {text}") from None
+    obj = unpack_bounded(data, max_bytes=max_bytes, ext_hook=_refuse_ext, error=CodecError)
     return _convert(obj, (), 0)
 
 
