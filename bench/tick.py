@@ -1,6 +1,6 @@
 """The control lane's own work per tick, and the control process's memory.
 
-    python bench/tick.py [--ticks 20000] [--seconds 8] [--json]
+    python bench/tick.py [--ticks 20000] [--repeat 5] [--seconds 8] [--json]
 
 1. Per tick (µs, p50/p99 over --ticks ticks, config/sim.toml), on a real ControlLane:
    - tick: the lane's own work, kernel.update (step s recorded, a chunk merged when one
@@ -10,7 +10,10 @@
      (a chunk arrives as a real ChunkRows message on ipc whenever the lane asked), reading
      the sim arm (its simulation included), the camera rings' newest frame references,
      kernel.update, the write, and the send (one message a tick).
-   The stats message (built and encoded, every stats interval) is timed apart. The camera
+   The stats message (built and encoded, every stats interval) is timed apart. The lane is
+   timed --repeat times (a fresh lane each time) and the medians of the runs' p50 and p99
+   are quoted, each run's figures beside them: one run's p99 on a shared machine moves by
+   a quarter from one run to the next. The camera
    rings are advanced by the bench between ticks (their headers, not their pixels: the
    camera processes write those, on their own time).
 2. The per-tick Step message, encoded and decoded: msgspec Structs (what the lane uses)
@@ -41,11 +44,14 @@ from bench._common import BenchError, child_env, emit_json, print_table, ratio, 
 def _parse(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     p.add_argument("--ticks", type=int, default=20_000, help="ticks timed (>= 10000 for the issue)")
+    p.add_argument("--repeat", type=int, default=5, help="timed runs; medians are quoted")
     p.add_argument("--seconds", type=float, default=8.0, help="the real run's length for memory")
     p.add_argument("--json", action="store_true", help="print a JSON summary as the last line")
     args = p.parse_args(argv)
     if args.ticks < 100:
         raise BenchError(f"--ticks must be >= 100, got {args.ticks}")
+    if args.repeat < 1:
+        raise BenchError(f"--repeat must be >= 1, got {args.repeat}")
     return args
 
 
@@ -243,9 +249,20 @@ def measure_memory(seconds: float) -> dict[str, float]:
     }
 
 
+def _median_of_runs(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    """One figure per key: the median over the runs of each run's p50 / p99 / max."""
+    import statistics
+
+    out = dict(runs[-1])
+    for key in ("tick_us", "loop_us", "stats_us"):
+        out[key] = {q: round(statistics.median(r[key][q] for r in runs), 2) for q in runs[0][key]}
+    out["runs"] = [{"p50": r["tick_us"]["p50"], "p99": r["tick_us"]["p99"]} for r in runs]
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     args = _parse(argv)
-    ticks = measure_ticks(args.ticks)
+    ticks = _median_of_runs([measure_ticks(args.ticks) for _ in range(args.repeat)])
     codecs = measure_codecs()
     memory = measure_memory(args.seconds)
     t, s, lp = ticks["tick_us"], ticks["stats_us"], ticks["loop_us"]
@@ -256,10 +273,12 @@ def main(argv: list[str] | None = None) -> int:
             [f"stats message ({ticks['stats_bytes']} B)", s["p50"], s["p99"], "cheap"],
             ["loop (drain, read, tick, write, send)", lp["p50"], lp["p99"], "-"],
         ],
-        title=f"control lane work per tick, {args.ticks} ticks, config/sim.toml "
-        f"({ticks['acts']} acts, max {t['max']} µs)",
+        title=f"control lane work per tick, median of {args.repeat} runs of {args.ticks} "
+        f"ticks, config/sim.toml ({ticks['acts']} acts a run, max {t['max']} µs)",
         digits=2,
     )
+    per_run = ", ".join(f"{r['p50']}/{r['p99']}" for r in ticks["runs"])
+    print(f"tick p50/p99 µs per run: {per_run}")
     m, d = codecs["msgspec"], codecs["msgpack_dict"]
     print_table(
         ["codec", "encode µs", "decode µs", "bytes"],
@@ -282,6 +301,7 @@ def main(argv: list[str] | None = None) -> int:
         emit_json(
             {
                 "tick_us": {"p50": t["p50"], "p99": t["p99"]},
+                "tick_runs": ticks["runs"],
                 "stats_us": s,
                 "loop_us": lp,
                 "control_rss_mb": memory["control_rss_mb"],

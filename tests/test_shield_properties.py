@@ -85,6 +85,29 @@ def test_no_target_is_nan_out_of_limits_or_over_the_bounds(data):
         prev, prev_step = out.copy(), step
 
 
+@settings(max_examples=300, deadline=None)
+@given(data=st.data())
+def test_the_fast_path_decides_exactly_as_the_full_check(data):
+    cfg = data.draw(configs())
+    n = len(cfg["names"])
+    start = np.array(data.draw(st.lists(st.floats(-30, 30), min_size=n, max_size=n)))
+    ops = data.draw(st.lists(_op(n), min_size=1, max_size=60))
+    fast, full = Shield(**cfg), Shield(**cfg)
+    full._fast = None  # every target through the numpy path
+    fast.reset(start)
+    full.reset(start)
+    for kind, value in ops:
+        if kind == "hold":
+            a, b = fast.hold(), full.hold()
+            assert a.tolist() == b.tolist()
+            continue
+        va, vb = fast.check(value), full.check(value)
+        assert (va.outcome, va.reason, va.fault) == (vb.outcome, vb.reason, vb.fault)
+        assert va.target.dtype == vb.target.dtype == np.float64
+        assert va.target.tolist() == vb.target.tolist()  # bit for bit (as floats)
+    assert fast.counters == full.counters
+
+
 def braking_distance(v: float, dstep: float) -> float:
     """How far a joint moving `v` per tick goes while braking by `dstep` per tick to rest:
     v + (v - d) + ... over the n = ceil(v / d) ticks the speed stays > 0 (closed form, so

@@ -248,7 +248,7 @@ class ActionQueue:
                 return None
         elif len(self) == 0:
             return None
-        np.copyto(self._last, self._rows[self._head])
+        self._last[...] = self._rows[self._head]  # (cheaper than np.copyto's dispatch)
         self._head += 1
         self._front += 1
         self._has_last = True
@@ -259,7 +259,7 @@ class ActionQueue:
         """What the robot was really commanded this tick (after the shield: a clamp, a
         rejection, a hold): the seam a fade starts from. Absolute targets only; without it
         the seam is the last row popped."""
-        np.copyto(self._last, target)
+        self._last[...] = target
         self._has_last = True
 
     def flush(self, *, keep_seam: bool = False) -> int:
@@ -299,7 +299,7 @@ class ActionQueue:
                 f"ActionQueue.merge: chunk shape {rows.shape}, expected (H >= 1, {self.cfg.dim})"
             )
         finite = np.isfinite(rows)
-        if not finite.all():
+        if np.count_nonzero(finite) != rows.size:  # (half the cost of finite.all())
             bad_row, bad_dim = np.argwhere(~finite)[0]
             raise ValueError(
                 f"ActionQueue.merge: chunk holds a non-finite value at row {bad_row}, "
