@@ -8,20 +8,25 @@ The observation: two 224x224x3 uint8 images, 8 float32 joints (7 + gripper), a p
 The answer: 10 x 8 float32 zeros.
 
   native          robotd.link.client.PolicyClient.act (inline window) against
-                  `robotd serve bench.openpi:NoWorkPolicy --copies 0`: the policy in the
-                  worker's process, as openpi's server runs it (the same server-side work)
+                  `robotd serve bench.openpi:NoWorkPolicy --inline`: the policy called in
+                  the worker's poll loop, as openpi's server runs it (the same server-side
+                  work)
   native_isolated the same against `--copies 1`: the policy in a copy process of its own
                   (robotd's default: a crash, an OOM, a hang told apart), one hop more
   openpi_adapter  robotd.link.openpi.client.OpenpiLink.act against openpi-server's
                   WebsocketPolicyServer (the real package from PyPI, its own venv)
   openpi_client   openpi-client's WebsocketClientPolicy.infer against the same server
                   (run in that venv: openpi-client pins numpy < 2)
+  zmq_floor       no robotd code: the two images as frames of a raw pyzmq DEALER request,
+                  answered by a raw ROUTER with 320 bytes (the transport's own cost, the
+                  floor under any ZeroMQ link)
 
-Each run times `--calls` calls after 20 warm-up calls; runs of the three interleave, and
-each figure is the median over `--runs` runs of that run's p50 / p99. With --json the
+Each run times `--calls` calls after 20 warm-up calls; runs of the clients interleave,
+and each figure is the median over `--runs` runs of that run's p50 / p99. With --json the
 last line is {"native": {"p50_ms", "p99_ms"}, "native_isolated": {...}, "openpi_adapter":
-{...}, "openpi_client": {...}, "adapter_vs_client_p50", "native_vs_client_p50"} (ratios of
-the p50s). Target (issue 10): native p50 <= 0.5 x openpi_client's, adapter <= 1.1 x.
+{...}, "openpi_client": {...}, "zmq_floor": {...}, "adapter_vs_client_p50",
+"native_vs_client_p50", "floor_vs_client_p50"} (ratios of the p50s). Target (issue 10):
+native p50 <= 0.5 x openpi_client's, adapter <= 1.1 x.
 """
 
 from __future__ import annotations
@@ -137,11 +142,12 @@ def _openpi_client(python: Path, url: str, calls: int) -> list[float]:
     return json.loads(proc.stdout.splitlines()[-1])["rtt_ms"]
 
 
-def _start_native(copies: int) -> tuple[subprocess.Popen[str], str]:
+def _start_native(copies: int, inline: bool = False) -> tuple[subprocess.Popen[str], str]:
     proc = subprocess.Popen(
         [
             *(sys.executable, "-m", "robotd", "serve", "bench.openpi:NoWorkPolicy"),
             *("--bind", "tcp://127.0.0.1:0", "--copies", str(copies)),
+            *(["--inline"] if inline else []),
         ],
         env=child_env(),
         stdout=subprocess.PIPE,
@@ -155,6 +161,46 @@ def _start_native(copies: int) -> tuple[subprocess.Popen[str], str]:
         proc.kill()
         raise BenchError(f"robotd serve did not start: {line.strip() or 'no output'}")
     return proc, found.group(1)
+
+
+_FLOOR_SERVER = """
+import sys, zmq
+s = zmq.Context().socket(zmq.ROUTER)
+s.bind("tcp://127.0.0.1:0")
+print(s.getsockopt_string(zmq.LAST_ENDPOINT), flush=True)
+reply = bytes(320)
+while True:
+    frames = s.recv_multipart(copy=False)
+    s.send_multipart([frames[0], b"h", reply])
+"""
+
+
+def _start_floor() -> tuple[subprocess.Popen[str], str]:
+    proc = subprocess.Popen(
+        [sys.executable, "-c", _FLOOR_SERVER], env=child_env(), stdout=subprocess.PIPE, text=True
+    )
+    assert proc.stdout is not None
+    return proc, proc.stdout.readline().strip()
+
+
+def _floor(endpoint: str, calls: int) -> list[float]:
+    import zmq
+
+    sock = zmq.Context.instance().socket(zmq.DEALER)
+    sock.connect(endpoint)
+    obs = droid_observation()
+    images = [obs["observation/exterior_image_1_left"], obs["observation/wrist_image_left"]]
+    out = []
+    try:
+        for i in range(WARMUP + calls):
+            t = time.perf_counter()
+            sock.send_multipart([b"h", *images], copy=False)
+            sock.recv_multipart()
+            if i >= WARMUP:
+                out.append((time.perf_counter() - t) * 1e3)
+    finally:
+        sock.close(linger=0)
+    return out
 
 
 def _start_openpi(log_dir: Path) -> tuple[Path, Any]:
@@ -177,13 +223,15 @@ def measure(calls: int, runs: int, log_dir: Path) -> dict[str, list[dict[str, fl
     # native: the policy in the worker's own process, as openpi's server runs it (the same
     # server-side work); native_isolated: in a copy process of its own (robotd's default,
     # which tells a crash, an OOM and a hang apart), one process hop more.
-    native, endpoint = _start_native(0)
+    native, endpoint = _start_native(0, inline=True)
     isolated, isolated_ep = _start_native(1)
+    floor, floor_ep = _start_floor()
     results: dict[str, list[dict[str, float]]] = {
         "native": [],
         "native_isolated": [],
         "openpi_adapter": [],
         "openpi_client": [],
+        "zmq_floor": [],
     }
     uvloop = {"use_uvloop": True}
     try:
@@ -198,9 +246,10 @@ def measure(calls: int, runs: int, log_dir: Path) -> dict[str, list[dict[str, fl
                 percentiles(anyio.run(_adapter, server.url, calls, backend_options=uvloop))
             )
             results["openpi_client"].append(percentiles(_openpi_client(python, server.url, calls)))
+            results["zmq_floor"].append(percentiles(_floor(floor_ep, calls)))
     finally:
         server.kill()
-        for proc in (native, isolated):
+        for proc in (native, isolated, floor):
             proc.terminate()
             proc.wait(10)
     return results
@@ -248,6 +297,7 @@ def main(argv: list[str] | None = None) -> int:
                 **summary,
                 "adapter_vs_client_p50": ratio(summary["openpi_adapter"]["p50_ms"], base),
                 "native_vs_client_p50": ratio(summary["native"]["p50_ms"], base),
+                "floor_vs_client_p50": ratio(summary["zmq_floor"]["p50_ms"], base),
             }
         )
     return 0

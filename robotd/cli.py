@@ -99,9 +99,16 @@ def _serve_parser(serve: argparse.ArgumentParser) -> None:
     serve.add_argument(
         "--copies",
         type=int,
-        default=1,
-        help="copies of the policy, each in its own process (idle ones are warm spares); "
-        "0: one copy in a thread of the worker, without isolation",
+        default=None,
+        help="copies of the policy, each in its own process (idle ones are warm spares; "
+        "default 1); 0: one copy in a thread of the worker, without isolation",
+    )
+    serve.add_argument(
+        "--inline",
+        action="store_true",
+        help="run the policy in the worker's poll loop, as openpi's server does: the "
+        "shortest act round trip, but nothing isolated or watched (no hang detection; "
+        "pings wait while the policy computes)",
     )
     serve.add_argument(
         "--hang-s",
@@ -166,7 +173,8 @@ def _serve(args: argparse.Namespace) -> int:
             worker_bytes=args.max_worker_mib * MB,
         )
         copies = CopyOptions(
-            copies=args.copies,
+            copies=(0 if args.inline else 1) if args.copies is None else args.copies,
+            inline=args.inline,
             hang_s=args.hang_s,
             start_s=args.start_s,
             memory_bytes=args.copy_memory_mib * MB,

@@ -51,6 +51,8 @@ class Faulty:
             raise RuntimeError("asked to raise")
         if mode == "exit":
             os._exit(3)
+        if mode == "sys_exit":
+            raise SystemExit(4)  # in a copy process: it ends; inline: refused, worker goes on
         if mode == "segv":
             os.kill(os.getpid(), signal.SIGSEGV)
         episode.state["acts"] = episode.state.get("acts", 0) + 1

@@ -181,7 +181,7 @@ def test_hello_lists_the_params_and_params_apply_from_the_next_episode(steady: W
     c = steady.client
     hello = c.request({"cmd": "hello"})["result"]
     assert set(hello["features"]) >= {"ping", "params", "episode_lost"}
-    assert hello["copies"] == {"count": 2, "isolated": True, "hang_s": 60.0}
+    assert hello["copies"] == {"count": 2, "isolated": True, "inline": False, "hang_s": 60.0}
     params = {p["name"]: p for p in hello["params"]}
     assert set(params) == {"gain", "label", "fast", "speed", "limit"}  # not `buffer`
     assert params["gain"] == {

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
+import sys
 import textwrap
 from pathlib import Path
 from typing import Any
@@ -105,6 +107,39 @@ def test_the_policy_reads_exactly_its_declared_windows_uploaded_ahead(
     tmp_path: Path, timing: str
 ) -> None:
     acts, summary, _ = run_daemon(tmp_path, timing)
+    check_windows(acts, summary)
+
+
+def test_a_worker_with_its_policy_inline_reads_the_same_windows(tmp_path: Path) -> None:
+    """`robotd serve --inline` (the policy called in the worker's poll loop): the uploaded
+    frames are decoded in the loop and the policy reads exactly what a copy would."""
+    (tmp_path / "recpolicy.py").write_text(POLICY)
+    record = tmp_path / "record.jsonl"
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join([str(tmp_path), str(REPO)]),
+        "ROBOTD_TEST_RECORD": str(record),
+    }
+    endpoint = f"ipc://{tmp_path}/w.sock"
+    argv = [sys.executable, "-m", "robotd", "serve", "recpolicy:Recorder", "--inline"]
+    with (tmp_path / "worker.log").open("w") as log:
+        worker = subprocess.Popen(
+            [*argv, "--bind", endpoint], env=env, stdout=log, stderr=subprocess.STDOUT
+        )
+    try:
+        d = Daemon(tmp_path, "--worker", endpoint, "--duration", "3", "--set",
+                   'control.timing="realtime"', "--set", "control.refill_steps=3")  # fmt: skip
+        assert d.wait_exit() == 0, "".join(d.log[-30:])
+        acts = [json.loads(line) for line in record.read_text().splitlines()]
+        check_windows(acts, d.result())
+        assert worker.poll() is None  # it serves on after the daemon's episode
+    finally:
+        worker.terminate()
+        assert worker.wait(30) == 0, (tmp_path / "worker.log").read_text()
+
+
+def check_windows(acts: list[dict[str, Any]], summary: dict[str, Any]) -> None:
+    """Each act read exactly its planned window, every frame uploaded ahead."""
     assert len(acts) >= 8 and summary["act_errors"] == 0
     assert len({a["episode"] for a in acts}) == 1
     planner = WindowPlanner(Observations.from_wire(CONTRACT).resolve(HZ), KEYS)

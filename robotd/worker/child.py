@@ -1,5 +1,6 @@
 """A copy of the policy: its own process (`python -m robotd.worker.child`), or, with
-`--copies 0`, a thread of the worker. It builds the policy, says it is ready, then answers
+`--copies 0`, a thread of the worker (with `--inline`, the worker's poll loop calls `job`
+itself). It builds the policy, says it is ready, then answers
 the jobs the worker's main process sends it (robotd.worker.pipe frames), one at a time.
 
 The messages (maps; `k` says which):
@@ -42,6 +43,21 @@ OOM_SCORE_RAISE = 500  # the kernel's OOM killer takes a copy before the worker 
 def serve_copy(sock: CopyEnd, spec: str, kwargs: Mapping[str, Any]) -> int:
     """Build the policy and answer jobs on `sock` (the copy's end of its channel) until
     `stop` or the worker's end closes; returns the exit code."""
+    host = build_host(sock, spec, kwargs)
+    if not isinstance(host, PolicyHost):
+        return host
+    gc.freeze()  # what was built is kept: the collector scans only what each job makes
+    while True:
+        try:
+            code = _next_job(host, sock)
+        except ChannelClosed:  # the worker has gone
+            return 0
+        if code is not None:
+            return code
+
+
+def build_host(sock: CopyEnd, spec: str, kwargs: Mapping[str, Any]) -> PolicyHost | int:
+    """Build the policy and say `ready` on `sock` (or `failed`, returning the exit code)."""
     try:
         host = PolicyHost(spec, kwargs)
     except PolicyLoadError as err:
@@ -63,14 +79,7 @@ def serve_copy(sock: CopyEnd, spec: str, kwargs: Mapping[str, Any]) -> int:
             "params": params_to_wire(host.params, {}),
         },
     )
-    gc.freeze()  # what was built is kept: the collector scans only what each job makes
-    while True:
-        try:
-            code = _next_job(host, sock)
-        except ChannelClosed:  # the worker has gone
-            return 0
-        if code is not None:
-            return code
+    return host
 
 
 def _next_job(host: PolicyHost, sock: CopyEnd) -> int | None:
@@ -85,19 +94,20 @@ def _next_job(host: PolicyHost, sock: CopyEnd) -> int | None:
     if not isinstance(msg, dict) or msg.get("k") == "stop":
         return 0
     try:
-        reply = _job(host, msg)
+        reply = job(host, msg)
     except MemoryError as err:
         with contextlib.suppress(BaseException):
-            _send(sock, {"k": "lost", "seq": msg.get("seq"), "message": _memory_text(err)})
+            _send(sock, {"k": "lost", "seq": msg.get("seq"), "message": memory_text(err)})
         return EXIT_MEMORY
     try:
         _send(sock, reply)
     except wire.WireError as err:
-        _send(sock, _error(msg.get("seq"), "internal", f"cannot send the answer: {err}"))
+        _send(sock, error_done(msg.get("seq"), "internal", f"cannot send the answer: {err}"))
     return None
 
 
-def _job(host: PolicyHost, msg: dict[str, Any]) -> dict[str, Any]:
+def job(host: PolicyHost, msg: dict[str, Any]) -> dict[str, Any]:
+    """One `act` or `end` job answered: its `done` message (MemoryError is raised)."""
     seq = msg.get("seq")
     try:
         if msg.get("k") == "end":
@@ -113,22 +123,22 @@ def _job(host: PolicyHost, msg: dict[str, Any]) -> dict[str, Any]:
         rows = host.infer(inputs, msg["episode"], rtc=msg.get("rtc"))
         done = time.perf_counter()
     except PolicyCallError as err:
-        return _error(seq, err.code, str(err))
+        return error_done(seq, err.code, str(err))
     except MemoryError:
         raise
     except Exception as err:  # a worker bug: answered, and the copy goes on
         log.exception("copy: internal error")
-        return _error(seq, "internal", f"{type(err).__name__}: {err}")
+        return error_done(seq, "internal", f"{type(err).__name__}: {err}")
     timing = {"infer_ms": (done - begun) * 1e3, "begin_ms": (begun - started) * 1e3}
     result = {"actions": rows, "timing": timing, "answered": episode.steps}
     return {"k": "done", "seq": seq, "ok": True, "result": result}
 
 
-def _error(seq: Any, code: str, message: str) -> dict[str, Any]:
+def error_done(seq: Any, code: str, message: str) -> dict[str, Any]:
     return {"k": "done", "seq": seq, "ok": False, "error": {"code": code, "message": message}}
 
 
-def _memory_text(err: MemoryError) -> str:
+def memory_text(err: MemoryError) -> str:
     text = str(err) or "no message"
     return f"out of memory: MemoryError in a policy call ({text[:200]})"
 

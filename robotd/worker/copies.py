@@ -19,7 +19,7 @@ from robotd.worker import pipe
 from robotd.worker.child import EXIT_MEMORY
 from robotd.worker.death import Loss, describe_exit, oom_kills
 from robotd.worker.params import Param, ParamError, param_from_wire
-from robotd.worker.runners import ProcessRunner, Runner, ThreadRunner
+from robotd.worker.runners import InlineRunner, ProcessRunner, Runner, ThreadRunner
 from robotd.worker.slots import CopyOptions, Slot
 
 log = logging.getLogger("robotd.worker")
@@ -80,7 +80,9 @@ class Copies:
             n = next(self._ids)
             identity = f"copy-{n}".encode()
             runner: Runner
-            if self.options.copies == 0:
+            if self.options.inline:
+                runner = InlineRunner(identity, self.spec, self.kwargs)
+            elif self.options.copies == 0:
                 runner = ThreadRunner(identity, self.spec, self.kwargs)
             else:
                 runner = ProcessRunner(

@@ -24,10 +24,13 @@ from typing import Any
 
 from robotd import wire
 from robotd.worker import pipe
+from robotd.worker.child import error_done
 from robotd.worker.copies import Copies
 from robotd.worker.death import Loss
+from robotd.worker.decoding import decoded_window
 from robotd.worker.params import check_params
 from robotd.worker.policy_host import ENDED_KEPT
+from robotd.worker.runners import InlineRunner
 from robotd.worker.slots import CopyOptions, Slot, Task, answer, error
 
 log = logging.getLogger("robotd.worker")
@@ -166,7 +169,7 @@ class Pool:
         if slot is None or task is None or task.seq != seq:
             return  # its copy was lost meanwhile (the act is answered already)
         if ok:
-            self.copies.send(slot, frames)
+            self._send(slot, frames)
             return
         try:
             err = wire.unpackb(frames[0].bytes if hasattr(frames[0], "bytes") else frames[0])
@@ -274,8 +277,7 @@ class Pool:
         task = slot.current = slot.fifo.popleft()
         task.seq = next(self._seqs)
         if task.kind == "end":
-            end = {"k": "end", "seq": task.seq, "episode": task.episode}
-            self.copies.send(slot, pipe.pack(end))
+            self._send(slot, msg={"k": "end", "seq": task.seq, "episode": task.episode})
             return
         assert self.prepare is not None and task.observations is not None
         header = {
@@ -290,12 +292,33 @@ class Pool:
             header["rtc"] = task.rtc
         if task.task:
             header["task"] = task.task
-        frames = self.pack_now(header, task.observations) if self.pack_now else None
+        observations, task.observations = task.observations, None  # sent, or the preparer's
+        inline = isinstance(slot.runner, InlineRunner)
+        if inline and (window := decoded_window(observations)) is not None:
+            self._send(slot, msg={**header, "observations": window})
+            return
+        frames = self.pack_now(header, observations) if self.pack_now else None
         if frames is not None:
-            self.copies.send(slot, frames)
+            self._send(slot, frames)
         else:
-            self.prepare(slot.identity, task.seq, header, task.observations)
-        task.observations = None  # sent, or the preparer holds them now
+            self.prepare(slot.identity, task.seq, header, observations)
+
+    def _send(self, slot: Slot, frames: list[Any] | None = None, msg: Any = None) -> None:
+        """The call in `slot.current` to its copy: as frames on its channel, or, to the copy
+        in this loop (InlineRunner), as a plain call answered at once."""
+        runner = slot.runner
+        if not isinstance(runner, InlineRunner):
+            self.copies.send(slot, frames if frames is not None else pipe.pack(msg))
+            return
+        assert slot.current is not None
+        slot.current.sent = time.perf_counter()
+        try:
+            job = msg if msg is not None else pipe.unpack(frames or [])
+        except wire.WireError as err:  # the preparer's frames: our own bug if they break
+            text = f"cannot hand the act over: {err}"
+            self._done(slot, error_done(slot.current.seq, "internal", text), time.monotonic())
+            return
+        self._done(slot, runner.call(job), time.monotonic())
 
     # ---- parameters and what is known of an episode ----------------------------------------
 

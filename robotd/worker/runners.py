@@ -1,6 +1,7 @@
 """How a copy of the policy runs: a child process (isolated: a crash, an out-of-memory kill
-or a hang cannot take the worker with it), or a thread of the worker (`--copies 0`: no
-isolation, for debugging and tests that look into the policy in process).
+or a hang cannot take the worker with it), a thread of the worker (`--copies 0`: no
+isolation, for debugging and tests that look into the policy in process), or the worker's
+poll loop itself (`--inline`: the shortest round trip, nothing watched).
 
 Both talk to the worker over a channel of their own (robotd.worker.channel: a Unix socket
 pair; the runner keeps the worker's end as `channel`) and run
@@ -21,8 +22,9 @@ from typing import Any, Protocol
 from robotd.runtime.procutil import PARENT_ENV
 from robotd.worker import channel, pipe
 from robotd.worker.channel import Channel
-from robotd.worker.child import serve_copy
+from robotd.worker.child import build_host, error_done, job, memory_text, serve_copy
 from robotd.worker.death import Memory, read_memory
+from robotd.worker.policy_host import PolicyHost
 
 
 class Runner(Protocol):
@@ -195,3 +197,70 @@ class ThreadRunner:
     def close(self) -> None:
         if not self._thread.is_alive():
             self.channel.close()
+
+
+class InlineRunner:
+    """The copy in the worker's poll loop itself (`--inline`): the policy is built in
+    `start` and each job is a plain call (`call`), as openpi's server runs its policy: no
+    process hop, no thread hop, nothing copied (the observation arrays are read-only views
+    of the request, as openpi's server hands them: copy one to write into it). The price:
+    nothing isolates the worker from the policy, and while it computes the loop answers
+    nothing (pings and uploads wait, and a hang is the worker's hang: only the daemon's act
+    timeout sees it). Its channel carries only what the copy says at start (`ready` or
+    `failed`), so the pool learns of it as of any copy."""
+
+    def __init__(self, identity: bytes, spec: str, kwargs: Mapping) -> None:
+        self.identity = identity
+        self.pid: int | None = os.getpid()
+        ours, theirs = channel.pair()
+        self.channel = channel.Channel(ours)
+        self._end = channel.CopyEnd(theirs)
+        self._spec, self._kwargs = spec, dict(kwargs)
+        self._host: PolicyHost | None = None
+        self._code: int | None = None
+
+    def start(self) -> None:
+        built = build_host(self._end, self._spec, self._kwargs)
+        if isinstance(built, PolicyHost):
+            self._host = built
+        else:
+            self._code = built
+
+    def call(self, msg: dict[str, Any]) -> dict[str, Any]:
+        """One `act` or `end` job (robotd.worker.child's messages), answered: its `done`."""
+        seq = msg.get("seq")
+        if self._host is None:
+            return error_done(seq, "internal", "the policy was not built")
+        try:
+            done = job(self._host, msg)
+        except MemoryError as err:  # the worker's own memory: answered, and it goes on
+            return error_done(seq, "internal", memory_text(err))
+        except SystemExit as err:  # a policy that calls exit() must not end the worker
+            return error_done(seq, "policy_error", f"the policy called exit({err.code!r})")
+        return done  # (its rows are check_actions' copy: the policy's buffer may change)
+
+    def init_frames(self) -> list[pipe.Buffer] | None:
+        return None
+
+    def fileno(self) -> int | None:
+        return None
+
+    def exited(self) -> int | None:
+        return self._code
+
+    def kill(self) -> None:
+        self._code = -9 if self._code is None else self._code
+
+    def terminate(self) -> None:
+        if self._code is None:
+            self._code = 0  # as a copy told `stop`: no policy code runs any more
+
+    def memory(self) -> Memory:
+        return Memory()
+
+    def sample(self) -> None:
+        pass
+
+    def close(self) -> None:
+        self.channel.close()
+        self._end.close()

@@ -199,6 +199,7 @@ class _Server:
             "copies": {
                 "count": self.options.copies,
                 "isolated": self.options.copies > 0,
+                "inline": self.options.inline,
                 "hang_s": self.options.hang_s,
             },
         }

@@ -21,16 +21,22 @@ class CopyOptions:
     call into a copy (an act with its reset, an end) unanswered this long is a hang: the copy
     is killed and its episode lost. `start_s`: a copy not ready this long after it started
     is given up. `memory_bytes`: each copy process's address-space limit (RLIMIT_AS; 0:
-    none), so that a runaway allocation is a MemoryError in the copy, not an OOM kill."""
+    none), so that a runaway allocation is a MemoryError in the copy, not an OOM kill.
+    `inline` (with copies=0): the copy is the worker's poll loop itself, each act a plain
+    call (robotd.worker.runners.InlineRunner): the shortest round trip, and nothing watched
+    (no hang is detected; pings wait while the policy computes)."""
 
     copies: int = 1
     hang_s: float = 5.0
     start_s: float = 120.0
     memory_bytes: int = 0
+    inline: bool = False
 
     def __post_init__(self) -> None:
         if not 0 <= self.copies <= 64:
             raise ValueError(f"copies: {self.copies} is not in 0..64")
+        if self.inline and self.copies != 0:
+            raise ValueError(f"inline runs one copy in the worker: copies is {self.copies}, not 0")
         if not 0 < self.hang_s <= 3600 or not 0 < self.start_s <= 86400:
             raise ValueError(f"hang_s {self.hang_s} / start_s {self.start_s} must be > 0")
         if self.memory_bytes < 0:
