@@ -44,6 +44,28 @@ def test_prediction_is_a_quantile_of_recent_delays_and_never_below_one() -> None
     assert (top.predict(), top.refill()) == (7, 7)
 
 
+@settings(max_examples=200, deadline=None)
+@given(
+    delays=st.lists(st.integers(-3, 40), max_size=120),
+    quantile=st.floats(0.01, 1.0),
+    window=st.integers(1, 40),
+)
+def test_the_kept_order_predicts_as_sorting_the_window_would(
+    delays: list[int], quantile: float, window: int
+) -> None:
+    """The predictor keeps its window sorted as delays come and go; that must give the very
+    nearest-rank quantile that sorting the last `window` delays afresh gives."""
+    import math
+
+    p = DelayPredictor(quantile=quantile, margin=0, window=window)
+    for i, d in enumerate(delays):
+        p.add(d)
+        ranked = sorted(max(0, x) for x in delays[max(0, i + 1 - window) : i + 1])
+        rank = max(1, math.ceil(quantile * len(ranked) - 1e-9))
+        assert p.predict() == max(1, ranked[rank - 1])
+        assert p.measured == len(ranked)
+
+
 @pytest.mark.parametrize(
     ("kwargs", "needle"),
     [({"quantile": 0}, "quantile"), ({"quantile": 1.5}, "quantile"), ({"margin": -1}, "margin")],

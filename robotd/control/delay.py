@@ -14,6 +14,7 @@ is empty, so nothing is frozen either).
 
 from __future__ import annotations
 
+import bisect
 import math
 from collections import deque
 
@@ -36,15 +37,21 @@ class DelayPredictor:
             raise ValueError(f"DelayPredictor: window must be >= 1, got {window!r}")
         self.quantile = float(quantile)
         self.margin = margin
-        self._recent: deque[int] = deque(maxlen=window)
+        self._window = window
+        self._recent: deque[int] = deque()
+        self._ranked: list[int] = []  # the same delays, sorted (kept so, not sorted per act)
+        # nearest rank (1-based) for each number of delays held
+        self._rank = [max(1, math.ceil(self.quantile * n - 1e-9)) for n in range(window + 1)]
         self._predicted = 1
 
     def add(self, steps: int) -> None:
         """One merged act took `steps` steps (>= 0) from ask to merge."""
-        self._recent.append(max(0, int(steps)))
-        ranked = sorted(self._recent)
-        rank = max(1, math.ceil(self.quantile * len(ranked) - 1e-9))  # nearest rank, 1-based
-        self._predicted = max(1, ranked[rank - 1])
+        steps = max(0, int(steps))
+        if len(self._recent) == self._window:
+            del self._ranked[bisect.bisect_left(self._ranked, self._recent.popleft())]
+        self._recent.append(steps)
+        bisect.insort(self._ranked, steps)
+        self._predicted = max(1, self._ranked[self._rank[len(self._ranked)] - 1])
 
     def predict(self) -> int:
         """The next act's delay in steps (>= 1); O(1), it is read every tick."""

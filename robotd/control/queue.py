@@ -341,6 +341,8 @@ class ActionQueue:
 
 
 def _step(where: str, name: str, value: object) -> int:
+    if type(value) is int:  # the kernel's own counts: the common case, checked cheapest
+        return value
     if not _is_int(value):
         raise TypeError(f"ActionQueue.{where}: {name} must be an integer step, got {value!r}")
     return operator.index(value)  # type: ignore[arg-type]
