@@ -49,7 +49,7 @@ from typing import Any
 import numpy as np
 
 from robotd.contract import Actions, Observations
-from robotd.wire import DTYPES as WIRE_DTYPES
+from robotd.wire import wire_name
 from robotd.worker.episode import Episode
 from robotd.worker.params import Param, declared_params
 from robotd.worker.policy_load import (
@@ -273,9 +273,10 @@ def check_actions(answer: Any, actions: Actions | None) -> np.ndarray:
     if rows.shape[0] < 1 or rows.shape[1] < 1:
         raise BadActions(f"{where}: shape {rows.shape} is empty (need H >= 1, D >= 1)")
     # A copy (the policy may reuse its buffer while the answer travels), in its own dtype.
-    rows = rows.astype(rows.dtype if rows.dtype.name in WIRE_DTYPES else np.float64)
-    bad = ~np.isfinite(rows)
-    if bad.any():
-        i, j = (int(k) for k in np.argwhere(bad)[0])
+    # (wire_name, not dtype.name: numpy computes that name in Python, ~4 µs an act)
+    rows = rows.astype(rows.dtype if wire_name(rows.dtype) is not None else np.float64)
+    finite = np.isfinite(rows)
+    if not np.logical_and.reduce(finite, axis=None):  # (the ufunc: no Python wrapper)
+        i, j = (int(k) for k in np.argwhere(~finite)[0])
         raise BadActions(f"{where}: row {i} column {j} is {rows[i, j]} (must be finite)")
     return rows
