@@ -32,6 +32,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 # `python bench/serial.py` puts bench/ first on sys.path, where this file would shadow
 # pyserial's `serial`: the repo root takes its place.
@@ -141,7 +142,7 @@ def _pct(values: list[float], q: float) -> float:
     return float(np.percentile(np.asarray(values) * 1e3, q))
 
 
-def main() -> int:
+def _parse() -> argparse.Namespace:
     p = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
@@ -159,7 +160,11 @@ def main() -> int:
         raise BenchError("--servos must be 1..32, --seconds and --baud > 0")
     if a.port and not (a.protocol and a.calibration):
         raise BenchError("--port needs --protocol and --calibration (the arm's own)")
-    protocol = a.emulate or a.protocol
+    return a
+
+
+def _measure(a: argparse.Namespace, protocol: str) -> dict[str, Any]:
+    """The driver's cycles (and, on an emulator, the raw pty exchange) -> the result."""
     emulator = start_emulator(protocol, range(1, a.servos + 1), baud=a.baud) if a.emulate else None
     try:
         with tempfile.TemporaryDirectory(prefix="robotd-bench-serial-") as tmp:
@@ -177,48 +182,44 @@ def main() -> int:
         if emulator:
             emulator.stop()
     floor_ms = (len(request) + replies + len(goals)) * 10 / a.baud * 1e3
-    result = {
+    return {
         "protocol": protocol,
         "servos": a.servos,
         "baud": a.baud,
+        "cycles": len(rtts),
         "rtt_p50_ms": round(_pct(rtts, 50), 3),
         "rtt_p99_ms": round(_pct(rtts, 99), 3),
         "floor_ms": round(floor_ms, 3),
         "rate_hz": round(len(rtts) / wall, 1),
         "cpu_pct": round(100 * cpu / wall, 1),
         "raw_p50_ms": round(_pct(raw, 50), 3) if raw else None,
+        "raw_p99_ms": round(_pct(raw, 99), 3) if raw else None,
+        "raw_rate_hz": round(len(raw) / (a.seconds / 2), 1) if raw else None,
         "ratio_vs_raw": ratio(median(rtts), median(raw)) if raw else None,
         "target_ms": round(1.5 * floor_ms + 1, 3),
         "fast_sync_read": fast,
         "failed_reads": failed,
     }
+
+
+def main() -> int:
+    a = _parse()
+    protocol = a.emulate or a.protocol
+    r = _measure(a, protocol)
     rows = [
-        [
-            "driver read+write",
-            result["rtt_p50_ms"],
-            result["rtt_p99_ms"],
-            result["rate_hz"],
-            result["cpu_pct"],
-        ],
-        [
-            "raw pty exchange",
-            result["raw_p50_ms"],
-            _pct(raw, 99) if raw else None,
-            len(raw) / (a.seconds / 2) if raw else None,
-            None,
-        ],
-        ["wire floor", result["floor_ms"], None, 1e3 / floor_ms, None],
+        ["driver read+write", r["rtt_p50_ms"], r["rtt_p99_ms"], r["rate_hz"], r["cpu_pct"]],
+        ["raw pty exchange", r["raw_p50_ms"], r["raw_p99_ms"], r["raw_rate_hz"], None],
+        ["wire floor", r["floor_ms"], None, 1e3 / r["floor_ms"], None],
     ]
     title = (
-        f"{protocol}, {a.servos} servos, {a.baud} baud, {len(rtts)} cycles"
-        f"{' (FAST_SYNC_READ)' if fast else ''}, {failed} failed reads; "
-        f"target p50 <= {result['target_ms']} ms"
+        f"{protocol}, {a.servos} servos, {a.baud} baud, {r['cycles']} cycles"
+        f"{' (FAST_SYNC_READ)' if r['fast_sync_read'] else ''}, {r['failed_reads']} failed "
+        f"reads; target p50 <= {r['target_ms']} ms"
     )
     print_table(["", "p50 ms", "p99 ms", "rate Hz", "cpu %"], rows, title=title, digits=3)
     if a.json:
-        emit_json(result)
+        emit_json(r)
     return 0
-
 
 if __name__ == "__main__":
     run_main(main)

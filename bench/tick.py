@@ -97,55 +97,16 @@ def _lane(tmp: Path) -> tuple[Any, Any, Any, dict[str, Any]]:
 
 def measure_ticks(n: int) -> dict[str, Any]:
     """Time n ticks of a real lane; a chunk of 16 rows answers every ask at once."""
-    import numpy as np
-
-    from robotd.lane import codec
-    from robotd.lane.messages import Ask, ChunkRows, Rows
-
     with tempfile.TemporaryDirectory(prefix="rbt-") as tmp:
         lane, up, down, rings = _lane(Path(tmp))
         k = lane.kernel
         k.set_contract(8)
         k.command("start")
         lane.ticker.start()  # only its origin (stats' elapsed time): the bench sets the pace
-        period = round(1e9 / lane.cfg.control.hz)
-        now = time.monotonic_ns()
-        ticks, loops, stats, sent = [], [], [], 0
-        io = lane.io
         gc.collect()
         gc.freeze()
         try:
-            for i in range(n + 200):
-                now += period
-                for ring in rings.values():  # the camera processes' part, not timed
-                    ring.begin()
-                    ring.commit(now)
-                t0 = time.perf_counter_ns()
-                lane.drain()
-                joints = io.driver.read()
-                frames = io.frames()
-                truth = io.driver.ground_truth()
-                ta = time.perf_counter_ns()
-                target = k.update(now, joints, frames, truth, 0)
-                codec.encode_batch(lane.outbox)  # (the send below encodes it again)
-                tb = time.perf_counter_ns()
-                if target is not None:
-                    io.driver.write(target)
-                asks = [m for m in lane.outbox if isinstance(m, Ask)]
-                lane.flush()
-                t1 = time.perf_counter_ns()
-                if i % lane.stats_every == 0:
-                    data = codec.encode(lane.stats())
-                    stats.append((time.perf_counter_ns() - t1) / 1e3)
-                    sent += len(data)
-                if i >= 200:
-                    ticks.append((tb - ta) / 1e3)
-                    loops.append((t1 - t0) / 1e3)
-                for a in asks:  # the worker's answer, on the real inbound socket
-                    rows = np.tile(k.shield.last, (16, 1))
-                    down.send(codec.encode(ChunkRows(a.id, a.wep, a.s, Rows.of(rows))))
-                while up.poll(0):
-                    up.recv()
+            ticks, loops, stats, sent = _timed_loop(lane, up, down, rings, n)
         finally:
             gc.unfreeze()
             lane.close()
@@ -162,6 +123,53 @@ def measure_ticks(n: int) -> dict[str, Any]:
         "acts": k.counters.acts,
         "holds": k.counters.holds,
     }
+
+
+def _timed_loop(
+    lane: Any, up: Any, down: Any, rings: dict[str, Any], n: int
+) -> tuple[list[float], list[float], list[float], int]:
+    """n timed ticks after 200 warm-up ones: (tick µs, loop µs, stats µs, stats bytes)."""
+    import numpy as np
+
+    from robotd.lane import codec
+    from robotd.lane.messages import Ask, ChunkRows, Rows
+
+    k, io = lane.kernel, lane.io
+    period = round(1e9 / lane.cfg.control.hz)
+    now = time.monotonic_ns()
+    ticks, loops, stats, sent = [], [], [], 0
+    for i in range(n + 200):
+        now += period
+        for ring in rings.values():  # the camera processes' part, not timed
+            ring.begin()
+            ring.commit(now)
+        t0 = time.perf_counter_ns()
+        lane.drain()
+        joints = io.driver.read()
+        frames = io.frames()
+        truth = io.driver.ground_truth()
+        ta = time.perf_counter_ns()
+        target = k.update(now, joints, frames, truth, 0)
+        codec.encode_batch(lane.outbox)  # (the send below encodes it again)
+        tb = time.perf_counter_ns()
+        if target is not None:
+            io.driver.write(target)
+        asks = [m for m in lane.outbox if isinstance(m, Ask)]
+        lane.flush()
+        t1 = time.perf_counter_ns()
+        if i % lane.stats_every == 0:
+            data = codec.encode(lane.stats())
+            stats.append((time.perf_counter_ns() - t1) / 1e3)
+            sent += len(data)
+        if i >= 200:
+            ticks.append((tb - ta) / 1e3)
+            loops.append((t1 - t0) / 1e3)
+        for a in asks:  # the worker's answer, on the real inbound socket
+            rows = np.tile(k.shield.last, (16, 1))
+            down.send(codec.encode(ChunkRows(a.id, a.wep, a.s, Rows.of(rows))))
+        while up.poll(0):
+            up.recv()
+    return ticks, loops, stats, sent
 
 
 def measure_codecs(n: int = 50_000) -> dict[str, Any]:

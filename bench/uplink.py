@@ -22,12 +22,10 @@ to chunk) p50/p99. With --json the last line is {"stream": {"act_bytes",
 from __future__ import annotations
 
 import argparse
-import asyncio
 import os
 import re
 import subprocess
 import sys
-import threading
 import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
@@ -40,6 +38,7 @@ import cv2
 import numpy as np
 
 from bench._common import BenchError, child_env, emit_json, print_table, ratio, run_main
+from bench._proxy import Proxy
 from robotd.contract import Actions, Camera, Observations, Stream
 from robotd.lane.messages import ActFailed, Ask, Merged, Step
 from robotd.link.act import ActLink
@@ -75,84 +74,6 @@ class BenchPolicy:
 
 
 # ---- the link: a delay and bandwidth proxy ---------------------------------------------------
-
-
-class _Shaper:
-    """One direction of the link: bytes leave at `rate` bytes/s, arrive `delay` s later."""
-
-    def __init__(self, delay_s: float, rate: float) -> None:
-        self.delay_s, self.rate, self.free_at = delay_s, rate, 0.0
-
-    def arrival(self, now: float, n: int) -> float:
-        self.free_at = max(now, self.free_at) + n / self.rate
-        return self.free_at + self.delay_s
-
-
-class Proxy:
-    """Forwards tcp ports to the worker's act and observe endpoints through two shapers."""
-
-    def __init__(self, targets: list[tuple[str, int]], delay_s: float, mbit: float) -> None:
-        self.targets = targets
-        self.up = _Shaper(delay_s, mbit * 1e6 / 8)
-        self.down = _Shaper(delay_s, mbit * 1e6 / 8)
-        self.ports: list[int] = []
-        self.loop = asyncio.new_event_loop()
-        ready = threading.Event()
-        self.thread = threading.Thread(target=self._run, args=(ready,), daemon=True)
-        self.thread.start()
-        if not ready.wait(10):
-            raise BenchError("the proxy did not start")
-
-    def _run(self, ready: threading.Event) -> None:
-        asyncio.set_event_loop(self.loop)
-
-        async def start() -> None:
-            for host, port in self.targets:
-                server = await asyncio.start_server(
-                    lambda r, w, h=host, p=port: self._connect(r, w, h, p), "127.0.0.1", 0
-                )
-                self.ports.append(server.sockets[0].getsockname()[1])
-            ready.set()
-
-        self.loop.run_until_complete(start())
-        self.loop.run_forever()
-
-    async def _connect(
-        self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, host: str, port: int
-    ) -> None:
-        r2, w2 = await asyncio.open_connection(host, port)
-        await asyncio.gather(
-            self._pipe(reader, w2, self.up),
-            self._pipe(r2, writer, self.down),
-            return_exceptions=True,
-        )
-
-    async def _pipe(
-        self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, shaper: _Shaper
-    ) -> None:
-        queue: asyncio.Queue[tuple[float, bytes]] = asyncio.Queue()
-
-        async def deliver() -> None:
-            while True:
-                when, data = await queue.get()
-                if not data:
-                    writer.close()
-                    return
-                await asyncio.sleep(max(0.0, when - self.loop.time()))
-                writer.write(data)
-                await writer.drain()
-
-        task = asyncio.ensure_future(deliver())
-        try:
-            while data := await reader.read(1 << 16):
-                queue.put_nowait((shaper.arrival(self.loop.time(), len(data)), data))
-        finally:
-            queue.put_nowait((0.0, b""))
-            await task
-
-    def close(self) -> None:
-        self.loop.call_soon_threadsafe(self.loop.stop)
-        self.thread.join(5)
 
 
 # ---- the robot side --------------------------------------------------------------------------

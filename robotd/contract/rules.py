@@ -7,6 +7,8 @@ from typing import Any
 
 from pydantic import ValidationError
 
+from robotd.errors import validation_lines
+
 MAX_STREAMS = 64
 MAX_WINDOW = 256
 MAX_IMAGE_SIDE = 16384
@@ -60,20 +62,23 @@ def _short(value: Any) -> str:
 
 
 def _convert(err: ValidationError, where: str, keyed_root: bool) -> ContractError:
-    """Turn pydantic's ValidationError into a ContractError naming each key path."""
-    lines: list[str] = []
-    for e in err.errors():
-        loc = tuple(e["loc"])
-        at = _path(where, loc, keyed_root)
-        cause = e.get("ctx", {}).get("error")
+    """Turn pydantic's ValidationError into a ContractError naming each key path (through the
+    one formatter, robotd.errors: contracts spell paths their own way and expand a
+    validator's several problems)."""
+
+    def describe(e: dict[str, Any]) -> list[tuple[Loc, str]] | None:
+        cause = (e.get("ctx") or {}).get("error")
         if isinstance(cause, _Rules):
-            lines += [f"{_path(where, loc + sub, keyed_root)}: {m}" for sub, m in cause.problems]
-        elif e["type"] == "value_error" and cause is not None:
-            lines.append(f"{at}: {cause}")
-        elif e["type"] == "extra_forbidden":
-            lines.append(f"{at}: unknown field (extra fields not allowed)")
-        else:
-            lines.append(f"{at}: {e['msg']} (got {_short(e['input'])})")
+            return list(cause.problems)
+        if e.get("type") == "extra_forbidden":
+            return [((), "unknown field (extra fields not allowed)")]
+        if e.get("type") == "value_error" and cause is not None:
+            return None  # the rule as the validator said it
+        return [((), f"{e.get('msg', 'invalid')} (got {_short(e.get('input'))})")]
+
+    lines = validation_lines(
+        err, path=lambda loc: _path(where, loc, keyed_root), describe=describe
+    )
     return ContractError(lines)
 
 

@@ -111,20 +111,6 @@ def sleep_until(
         time.sleep(min(remaining, chunk_s))
 
 
-def one_line(exc: BaseException) -> str:
-    """An exception as one line: pydantic errors as 'loc: msg; …', others as 'Type: text'."""
-    errors = getattr(exc, "errors", None)
-    if callable(errors):
-        with contextlib.suppress(Exception):
-            parts = [
-                f"{'.'.join(str(p) for p in e.get('loc', ())) or '<root>'}: {e.get('msg', '')}"
-                for e in errors()
-            ]
-            return "; ".join(parts)
-    text = " ".join(str(exc).split())
-    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
-
-
 def setup_logging(verbose: bool = False) -> None:
     """Log lines on stderr, one a record, with time, level and logger."""
     import logging
