@@ -108,9 +108,29 @@ def test_on_a_terminal_logs_and_the_status_line_never_share_a_line(tmp_path):
     shown = shown_lines(text)
     assert any(LOG_LINE.search(line) for line in shown)
     for line in shown:
-        # the local worker is a process of its own on the same terminal: its lines (a copy
-        # ready late on a loaded machine) are beyond what the daemon's status line can keep
-        # apart
-        own = [m for m in LOG_LINE.finditer(line)
-               if not line[m.end() :].startswith(" robotd.worker")]
-        assert not (" Hz p99 " in line and own), line
+        # every process on the terminal (the worker, its copies, the control lane, the
+        # cameras) starts its lines by clearing the line: none runs on after the status
+        assert not (" Hz p99 " in line and (LOG_LINE.search(line) or "control: " in line)), line
+
+
+def test_a_child_process_line_on_a_terminal_clears_the_status_line_first():
+    """The daemon's children share its terminal: each of their log lines begins by clearing
+    the line, so one written while the status line is shown replaces it instead of running
+    on after it; off a terminal (journald, a pipe) no escape is written."""
+    code = (
+        "import logging; from robotd.runtime.procutil import setup_logging; "
+        "setup_logging(); logging.getLogger('robotd.worker').info('from a child')"
+    )
+    master, slave = os.openpty()
+    proc = subprocess.Popen([sys.executable, "-c", code], cwd=REPO, stderr=slave)
+    os.close(slave)
+    buf = bytearray()
+    try:
+        _read_until(master, buf, r"from a child")
+    finally:
+        proc.wait(30)
+        os.close(master)
+    assert buf.decode().startswith(CLEAR)
+    piped = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True,
+                           text=True, check=True)  # fmt: skip
+    assert "from a child" in piped.stderr and "\x1b" not in piped.stderr

@@ -53,7 +53,12 @@ from robotd.lane.messages import (
     Shutdown,
     Stats,
 )
-from robotd.runtime.procutil import die_with_parent, install_stop_signals, signal_event
+from robotd.runtime.procutil import (
+    die_with_parent,
+    install_stop_signals,
+    line_start,
+    signal_event,
+)
 from robotd.shm import FrameRing, unlink_prefix
 
 log = logging.getLogger("robotd.control")
@@ -320,7 +325,7 @@ class ControlLane:
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
-    logging.basicConfig(level=logging.INFO, format="control: %(message)s")
+    logging.basicConfig(level=logging.INFO, format=line_start() + "control: %(message)s")
     stacks = small_thread_stacks()  # before any thread starts (signals, ZeroMQ, the loop)
     stop = install_stop_signals()
     # The main process's death is not a stop: the lane holds, then e-stops (ControlLane._orphan).

@@ -36,7 +36,12 @@ from drivers.base import (
     CameraSpec as Geometry,
 )
 from robotd.errors import one_line
-from robotd.runtime.procutil import die_with_parent, install_stop_signals, sleep_until
+from robotd.runtime.procutil import (
+    die_with_parent,
+    install_stop_signals,
+    line_start,
+    sleep_until,
+)
 from robotd.shm import FrameRing, ShmError
 
 EXIT_OK, EXIT_USAGE, EXIT_DRIVER = 0, 2, 3
@@ -148,7 +153,8 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _say(label: str, message: str) -> None:
-    print(f"{_PROG}: {label}: {' '.join(message.split())}", file=sys.stderr, flush=True)
+    text = " ".join(message.split())
+    print(f"{line_start()}{_PROG}: {label}: {text}", file=sys.stderr, flush=True)
 
 
 def _guess_label(argv: list[str]) -> str:

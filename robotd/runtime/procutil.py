@@ -111,13 +111,24 @@ def sleep_until(
         time.sleep(min(remaining, chunk_s))
 
 
+def line_start() -> str:
+    """What each log line on stderr starts with: on a terminal, carriage return and erase
+    line, so that a child's line written while the daemon's status line is shown replaces
+    it (the daemon redraws it below) instead of running on after it; nothing elsewhere
+    (journald, a pipe, a file)."""
+    try:
+        return "\r\x1b[2K" if sys.stderr is not None and sys.stderr.isatty() else ""
+    except (OSError, ValueError):  # a closed stderr
+        return ""
+
+
 def setup_logging(verbose: bool = False) -> None:
     """Log lines on stderr, one a record, with time, level and logger."""
     import logging
 
     logging.basicConfig(
         level=logging.DEBUG if verbose else logging.INFO,
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+        format=line_start() + "%(asctime)s %(levelname)s %(name)s: %(message)s",
         stream=sys.stderr,
     )
 

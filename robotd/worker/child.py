@@ -162,7 +162,7 @@ def _prepare_process(memory_bytes: int) -> None:
 def main(argv: list[str] | None = None) -> int:
     """`python -m robotd.worker.child FD IDENTITY [--memory-bytes N]`: FD is the copy's end
     of its channel (robotd.worker.channel), IDENTITY its name in the worker's logs."""
-    from robotd.runtime.procutil import die_with_parent
+    from robotd.runtime.procutil import die_with_parent, line_start
 
     p = argparse.ArgumentParser(prog="robotd-copy")
     p.add_argument("fd", type=int)
@@ -172,7 +172,8 @@ def main(argv: list[str] | None = None) -> int:
     die_with_parent()
     logging.basicConfig(
         level=logging.INFO,
-        format="%(asctime)s %(levelname)s robotd.worker copy %(process)d: %(message)s",
+        format=line_start()
+        + "%(asctime)s %(levelname)s robotd.worker copy %(process)d: %(message)s",
         stream=sys.stderr,
     )
     try:
