@@ -2,7 +2,7 @@
 WebsocketPolicyServer (from PyPI) serving a small test policy. Runs in the peer venv.
 
     python openpi_peer_server.py --port P [--policy test|nowork] [--metadata JSON]
-                                 [--tls CERT KEY] [--api-key KEY]
+                                 [--tls CERT KEY] [--api-key KEY] [--record PATH]
 
 Without --tls and --api-key it is `WebsocketPolicyServer(...).serve_forever()`, unchanged.
 With either, the same server's connection handler and health check are served through
@@ -34,7 +34,13 @@ ZEROS = np.zeros((10, 8), dtype=np.float32)
 
 
 class TestPolicy(base_policy.BasePolicy):
+    def __init__(self, record=None):
+        self.record = record  # a path: each request's description appended as a JSON line
+
     def infer(self, obs):
+        if self.record:
+            with open(self.record, "a") as out:
+                out.write(json.dumps(describe(obs)) + "\n")
         prompt = obs.get("prompt", "")
         if prompt == "raise":
             raise RuntimeError("test policy failure")
@@ -89,8 +95,9 @@ def main():
     ap.add_argument("--metadata", default="{}")
     ap.add_argument("--tls", nargs=2, metavar=("CERT", "KEY"))
     ap.add_argument("--api-key")
+    ap.add_argument("--record", help="append each request's description to this file")
     args = ap.parse_args()
-    policy = TestPolicy() if args.policy == "test" else NoWorkPolicy()
+    policy = TestPolicy(args.record) if args.policy == "test" else NoWorkPolicy()
     server = wps.WebsocketPolicyServer(
         policy, host=args.host, port=args.port, metadata=json.loads(args.metadata)
     )

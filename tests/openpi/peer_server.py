@@ -46,6 +46,8 @@ class PeerServer:
             cmd += ["--tls", *map(str, self.opts["tls"])]
         if self.opts.get("api_key"):
             cmd += ["--api-key", self.opts["api_key"]]
+        if self.opts.get("record"):
+            cmd += ["--record", str(self.opts["record"])]
         return cmd
 
     def start(self, wait: bool = True) -> PeerServer:
