@@ -2,7 +2,7 @@
 openpi-client's own client, on the same DROID-like observation and a policy that does no
 work.
 
-    python bench/openpi.py [--calls 1000] [--runs 3] [--json]
+    python bench/openpi.py [--calls 1000] [--runs 5] [--json]
 
 The observation: two 224x224x3 uint8 images, 8 float32 joints (7 + gripper), a prompt.
 The answer: 10 x 8 float32 zeros.
@@ -258,7 +258,7 @@ def measure(calls: int, runs: int, log_dir: Path) -> dict[str, list[dict[str, fl
 def _parse(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     p.add_argument("--calls", type=int, default=1000, help="timed calls per run (default 1000)")
-    p.add_argument("--runs", type=int, default=3, help="runs per client (default 3)")
+    p.add_argument("--runs", type=int, default=5, help="runs per client (default 5)")
     p.add_argument("--json", action="store_true", help="print a JSON summary as the last line")
     args = p.parse_args(argv)
     if args.calls < 10 or args.runs < 1:
@@ -291,6 +291,15 @@ def main(argv: list[str] | None = None) -> int:
         title=f"act round trip, DROID-like observation, {args.calls} calls x {args.runs} runs",
         digits=3,
     )
+    native = ratio(summary["native"]["p50_ms"], base)
+    adapter = ratio(summary["openpi_adapter"]["p50_ms"], base)
+    floor = ratio(summary["zmq_floor"]["p50_ms"], base)
+    def verdict(value: float | None, target: float) -> str:
+        return "met" if value is not None and value <= target else "NOT met"
+
+    print(f"native / openpi_client p50: {native} (target <= 0.5: {verdict(native, 0.5)}; "
+          f"the raw ZeroMQ floor alone is {floor}); adapter / openpi_client: {adapter} "
+          f"(target <= 1.1: {verdict(adapter, 1.1)})")  # fmt: skip
     if args.json:
         emit_json(
             {
