@@ -17,6 +17,11 @@ from robotd.config.sections import (
 )
 from robotd.trace.options import TraceOptions
 
+# policy.hang_s unset: at most this share of the robot's patience (max_hold_steps / hz),
+# since the watchdog's count of holds goes on across an episode reset: the hang must be
+# found, and the new copy's first chunk arrive, before the robot's patience runs out.
+HANG_SHARE_OF_PATIENCE = 0.5
+
 
 class Config(_Model):
     robot: RobotConfig = RobotConfig()
@@ -45,6 +50,7 @@ class Config(_Model):
             if vals is not None and any(v <= 0 for v in vals):
                 raise ValueError(f"safety.{key}: every value must be > 0, got {vals}")
         self._check_contract()
+        self._check_patience()
         if self.policy.link == "openpi":
             streams = (self.policy.observations or {}).get("streams")
             self.policy.openpi.check(self.policy.worker, list(self.cameras), n, streams)
@@ -64,6 +70,31 @@ class Config(_Model):
                 "robots only; a real robot starts 'latched'"
             )
         return self
+
+    def _check_patience(self) -> None:
+        """A hung policy is found before the episode starves: the local worker's
+        `policy.hang_s` must be shorter than `control.max_hold_steps / control.hz`, else
+        ValueError naming both. Left unset, its default (5 s) is capped at
+        HANG_SHARE_OF_PATIENCE of the patience. A remote worker or an openpi server has
+        no hang_s of ours (the remote worker's own --hang-s is its business)."""
+        p, c = self.policy, self.control
+        if p.link != "zmq" or p.worker:
+            return
+        patience = c.max_hold_steps / c.hz
+        if p.hang_s < patience:
+            return
+        if "hang_s" not in p.model_fields_set:
+            # (frozen models: the whole section is replaced, as the validated value)
+            capped = p.model_copy(update={"hang_s": patience * HANG_SHARE_OF_PATIENCE})
+            object.__setattr__(self, "policy", capped)
+            return
+        raise ValueError(
+            f"policy.hang_s: {p.hang_s:g} s is not shorter than the robot's patience, "
+            f"control.max_hold_steps / control.hz = {c.max_hold_steps} / {c.hz:g} Hz = "
+            f"{patience:.3g} s: a hung policy would end the episode 'starved' before it is "
+            f"found hung; make policy.hang_s less than {patience:.3g} s (at most half leaves "
+            "the new copy time to answer) or raise control.max_hold_steps"
+        )
 
     def _check_contract(self) -> None:
         """A contract declared here (for servers that cannot) is checked at load, not at run."""

@@ -141,6 +141,7 @@ class PolicyConfig(_Model):
     reconnect_max_s: float = Field(5.0, gt=0, le=300)  # the reconnect backoff's cap
     # the local worker (no policy.worker): copies of the policy in child processes (a
     # second is a warm spare, ready at once when one is lost) and when a copy counts as hung
+    # (shorter than control.max_hold_steps / hz; unset, capped at half of it: model.py)
     copies: int = Field(2, ge=0, le=16)
     hang_s: float = Field(5.0, gt=0, le=600)
     # uploads one episode may hold on the worker (SPEC §4), lowered to the worker's own
