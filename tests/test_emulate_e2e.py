@@ -1,15 +1,43 @@
 """A whole episode of a real arm's config on this machine: `robotd run --config
-config/so101.toml --emulate`: the Feetech bus emulator on a pty, the cameras on their test
-pattern, the Wave policy on the local worker; clear_fault and start through robotctl."""
+config/so101.toml --emulate` (and config/koch.toml): the arm's bus emulator (Feetech,
+Dynamixel) on a pty, the cameras on their test pattern, the Wave policy on the local
+worker; clear_fault and start through robotctl."""
 
 from __future__ import annotations
 
 import subprocess
 import sys
 import time
+from pathlib import Path
+
+import pytest
 
 from robotd.operator.robotctl import ControlClient
-from tests.daemon_util import REPO, Daemon, processes_mentioning, wait_until
+from tests.daemon_util import REPO, Daemon, wait_until
+
+
+def children(pid: int) -> dict[int, str]:
+    """The command lines of `pid`'s live children, by pid."""
+    found = {}
+    for proc in Path("/proc").iterdir():
+        try:
+            stat = (proc / "stat").read_text()
+            cmdline = (proc / "cmdline").read_bytes()
+        except (OSError, ValueError):
+            continue
+        # the fields after the command name (which may hold spaces): state, ppid, ...
+        state, ppid = stat.rpartition(")")[2].split()[:2]
+        if ppid == str(pid) and state != "Z":
+            found[int(proc.name)] = cmdline.replace(b"\0", b" ").decode(errors="replace")
+    return found
+
+
+def alive(pid: int) -> bool:
+    """`pid` runs (a zombie has exited)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[0] != "Z"
+    except OSError:
+        return False
 
 
 def robotctl(endpoint: str, command: str) -> str:
@@ -22,13 +50,19 @@ def robotctl(endpoint: str, command: str) -> str:
     return out.stdout
 
 
-def test_so101_on_the_emulator_runs_an_episode_of_wave(tmp_path):
-    d = Daemon(tmp_path, "--config", "config/so101.toml", "--emulate")
+@pytest.mark.parametrize(("arm", "protocol"), [("so101", "feetech"), ("koch", "dynamixel")])
+def test_an_arm_on_the_emulator_runs_an_episode_of_wave(tmp_path, arm, protocol):
+    d = Daemon(tmp_path, "--config", f"config/{arm}.toml", "--emulate")
     try:
         d.wait_line(r"policy robotd\.demo:Wave at", timeout=60)
         d.wait_line(r"operator socket", timeout=30)
         log = "".join(d.log)
         assert "serving a test pattern instead" in log  # no USB camera here
+        # the daemon started the arm's own emulator, not the other family's
+        emulators = [
+            pid for pid, c in children(d.proc.pid).items() if f"drivers.emulators {protocol} " in c
+        ]
+        assert len(emulators) == 1, children(d.proc.pid)
         client = ControlClient(d.control_endpoint, timeout_s=15)
         status = client.request("status")["result"]
         assert status["state"] == "FAULT" and status["fault"]["cause"] == "startup"  # latched
@@ -53,4 +87,4 @@ def test_so101_on_the_emulator_runs_an_episode_of_wave(tmp_path):
     summary = d.result()
     assert summary["episodes"] == 1 and summary["chunks"] >= 5
     # the emulator went with the daemon
-    wait_until(lambda: not processes_mentioning("drivers.emulators"), 10, "the emulator to exit")
+    wait_until(lambda: not alive(emulators[0]), 10, "the emulator to exit")

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import copy
 import importlib.resources
+import math
 import os
 import stat
 import tomllib
@@ -16,7 +17,7 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
-from pydantic import ValidationError
+from pydantic import BaseModel, ValidationError
 
 from robotd.config.model import Config
 from robotd.errors import ConfigError, format_validation_error
@@ -33,6 +34,7 @@ def _default_config(repo_file: Path) -> Path:
 
 
 DEFAULT_CONFIG = _default_config(Path(__file__).resolve().parents[2] / "config" / "sim.toml")
+
 
 def _parse_value(text: str) -> Any:
     """A --set value in TOML syntax; a bare word that is not TOML is taken as a string."""
@@ -97,25 +99,85 @@ def config_from_dict(
         raise ConfigError(
             format_validation_error(exc, where, overridden=frozenset(overridden))
         ) from None
-    _check_driver_options(cfg, where)
-    return cfg
+    joint_options = _check_driver_options(cfg, where)
+    return _check_tick_timing(cfg, joint_options, where, frozenset(overridden))
 
 
-def _check_driver_options(cfg: Config, where: str) -> None:
-    """Each driver's options validated by the driver's own Options model, at load."""
+def _check_driver_options(cfg: Config, where: str) -> BaseModel | None:
+    """Each driver's options validated by the driver's own Options model, at load; the
+    joint driver's validated options are returned (for the checks against the config)."""
     from drivers.base import DriverConfigError, driver_class, validate_options
 
     checks = [("joints", cfg.joints.driver, cfg.joints.options, "joints")]
     checks += [("cameras", c.driver, c.options, f"cameras.{n}") for n, c in cfg.cameras.items()]
+    joint_options = None
     for kind, driver, options, key in checks:
         try:
             cls = driver_class(kind, driver)
         except DriverConfigError as exc:
             raise ConfigError(f"{where}: {key}.driver: {exc}") from None
         try:
-            validate_options(cls, options)
+            validated = validate_options(cls, options)
         except ValidationError as exc:
             raise ConfigError(format_validation_error(exc, where, f"{key}.options")) from None
+        if kind == "joints":
+            joint_options = validated
+    return joint_options
+
+
+# A servo watchdog must outlast the gap between two ticks' writes with room for one late
+# tick (an overrun, a slow read): under two periods it would stop the servos every tick.
+WATCHDOG_MIN_PERIODS = 2
+WATCHDOG_UNIT_MS = 20  # the Bus Watchdog's step
+BUDGET_SHARE = 0.8  # a fitted read budget: this share of the period (the rest: the write)
+
+
+def _check_tick_timing(
+    cfg: Config, options: BaseModel | None, where: str, overridden: frozenset[str]
+) -> Config:
+    """A joint driver's timing options against the control tick period (1 / control.hz),
+    for drivers that have them (the serial servos): `watchdog_ms` (0 = off) at least
+    WATCHDOG_MIN_PERIODS periods, `budget_ms` (a tick's read, every try) at most one. A
+    default that does not fit the rate is fitted to it (the config returned says so in
+    joints.options); a value the config gives is ConfigError naming the key, its value
+    and the period."""
+    period_ms = 1e3 / cfg.control.hz
+    at = f"control.hz = {cfg.control.hz:g}"
+    floor = WATCHDOG_MIN_PERIODS * period_ms
+    given = cfg.joints.options
+    watchdog = getattr(options, "watchdog_ms", None)
+    budget = getattr(options, "budget_ms", None)
+    fitted: dict[str, Any] = {}
+    if watchdog and watchdog < floor and "watchdog_ms" not in given:
+        units = math.ceil(1.25 * floor / WATCHDOG_UNIT_MS)
+        fitted["watchdog_ms"] = watchdog = min(2540, units * WATCHDOG_UNIT_MS)
+    if budget is not None and budget > period_ms and "budget_ms" not in given:
+        fitted["budget_ms"] = budget = round(BUDGET_SHARE * period_ms, 2)
+    if watchdog and watchdog < floor:
+        raise ConfigError(
+            f"{_key(where, 'joints.options.watchdog_ms', overridden)}: {watchdog:g} ms is "
+            f"shorter than {WATCHDOG_MIN_PERIODS} control tick periods ({floor:.1f} ms; the "
+            f"period is {period_ms:.1f} ms at {at}): the servos would stop between ticks; "
+            f"make it at least {math.ceil(floor)} ms, or 0 (off)"
+        )
+    if budget is not None and budget > period_ms:
+        raise ConfigError(
+            f"{_key(where, 'joints.options.budget_ms', overridden)}: {budget:g} ms is longer "
+            f"than the control tick period ({period_ms:.1f} ms at {at}): a tick's read cannot "
+            f"take longer than the tick; make it at most {math.floor(period_ms * 10) / 10:g} ms "
+            "(less leaves the tick time to write)"
+        )
+    if not fitted:
+        return cfg
+    joints = cfg.joints.model_copy(update={"options": {**given, **fitted}})
+    return cfg.model_copy(update={"joints": joints})
+
+
+def _key(where: str, key: str, overridden: frozenset[str]) -> str:
+    """How an error names a key: as a --set override when one set it, else file: key."""
+    if any(key == k or key.startswith(k + ".") for k in overridden):
+        return f"--set {key}"
+    return f"{where}: {key}"
 
 
 def runtime_dir(cfg: Config) -> Path:
