@@ -133,11 +133,14 @@ def _crop(frame: np.ndarray, w: int, h: int, interp: int) -> np.ndarray:
 
 
 def _pad(frame: np.ndarray, w: int, h: int, interp: int) -> np.ndarray:
-    """Scale to fit inside (w, h) and letterbox with zeros, centred."""
+    """Scale to fit inside (w, h) and letterbox with zeros, centred: the sizes and offsets of
+    tf.image.resize_with_pad, as openpi-client's image_tools.resize_with_pad computes them
+    (truncated, not rounded), so a policy trained on those frames sees its content in the
+    very same pixels."""
     src_h, src_w = frame.shape[:2]
-    scale = min(w / src_w, h / src_h)
-    new_w = min(w, max(1, round(src_w * scale)))
-    new_h = min(h, max(1, round(src_h * scale)))
+    ratio = max(src_w / w, src_h / h)
+    new_w = min(w, max(1, int(src_w / ratio)))
+    new_h = min(h, max(1, int(src_h / ratio)))
     inner = (
         frame
         if (new_w, new_h) == (src_w, src_h)
