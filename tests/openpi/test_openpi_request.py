@@ -55,7 +55,7 @@ def test_droid_request() -> None:
     assert img.shape == (224, 224, 3) and img.dtype == np.uint8
     # resize with pad: a 4:3 frame fills the width, 28-row black bands above and below
     assert not img[:28].any() and not img[-28:].any() and img[28:-28].all(axis=2).mean() > 0.9
-    expected = cv2.resize(ext, (224, 168), interpolation=cv2.INTER_LINEAR)
+    expected = cv2.resize(ext, (224, 168), interpolation=cv2.INTER_AREA)
     assert np.array_equal(img[28:-28], expected)
     assert req["observation/joint_position"].dtype == np.float32
     assert np.array_equal(req["observation/joint_position"], pos[:7].astype(np.float32))
@@ -91,7 +91,7 @@ def test_aloha_nested_chw_and_stacked_windows() -> None:
     assert req["state"].dtype == np.float64 and req["state"].shape == (14,)
     chw = req["images"]["cam_high"]
     assert chw.shape == (3, 16, 32) and chw.dtype == np.uint8 and chw.flags.c_contiguous
-    hwc = cv2.resize(frames[2], (32, 16), interpolation=cv2.INTER_LINEAR)
+    hwc = cv2.resize(frames[2], (32, 16), interpolation=cv2.INTER_AREA)
     assert np.array_equal(chw, hwc.transpose(2, 0, 1))
     assert np.array_equal(req["images"]["history"], np.stack(frames))  # as captured
     assert np.array_equal(req["vel"], np.float32([[1.0], [3.0]]))  # the steps holding it
@@ -172,7 +172,7 @@ def test_image_fit_property(
     got = build_request(opts, _window({"c": frame}))["i"]
     from robotd.contract import Camera
 
-    want = fit(frame, Camera(width=tw, height=th, resize=resize, filter="linear"))
+    want = fit(frame, Camera(width=tw, height=th, resize=resize, filter="area"))
     assert got.dtype == np.uint8
     assert np.array_equal(got, want.transpose(2, 0, 1) if layout == "chw" else want)
 

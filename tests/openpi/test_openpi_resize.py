@@ -15,6 +15,8 @@ from peer_venv import HERE
 
 from robotd.contract import Camera
 from robotd.frames import fit
+from robotd.link.openpi.options import OpenpiOptions
+from robotd.link.openpi.request import build_request
 
 # (source height, width) -> (target height, width): the cameras users have, the sizes
 # openpi's examples ask for, and ones whose scaled size is not a whole number.
@@ -47,9 +49,13 @@ def test_letterboxing_matches_openpi_clients_resize_with_pad(
            str(tmp_path / "out.npz"), str(dst[0]), str(dst[1])]  # fmt: skip
     subprocess.run(cmd, check=True, timeout=120)
     theirs = np.load(tmp_path / "out.npz")
-    cam = Camera(width=dst[1], height=dst[0], resize="pad")
+    spec = {"width": dst[1], "height": dst[0]}  # the openpi link's defaults: pad, area
+    opts = OpenpiOptions.model_validate({"inputs": [{"key": "i", "source": "c", "image": spec}]})
+    cam = Camera(width=dst[1], height=dst[0], resize="pad")  # robotd's own camera spec
     for key, img in images.items():
+        sent = build_request(opts, {"observations": [{"c": img}], "steps": [0]})["i"]
         ours, ref = fit(img, cam).astype(int), theirs[key].astype(int)
+        assert np.array_equal(sent, ours)  # the openpi link letterboxes as robotd does
         assert ours.shape == ref.shape == (*dst, 3)
         # the same pixels hold the picture: the letterbox bars are exactly where openpi's are
         assert _content_box(ours) == _content_box(ref)

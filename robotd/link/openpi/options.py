@@ -50,12 +50,14 @@ def parse_selection(sel: list[int] | str) -> tuple[int, ...]:
 
 class ImageSpec(_Model):
     """How one camera's frame is fitted and encoded robot-side for the server. openpi's
-    own clients resize with pad (letterbox) to 224x224, bilinear, and send HWC uint8."""
+    own clients resize with pad (letterbox) to 224x224 with PIL's bilinear, which
+    antialiases when it shrinks, and send HWC uint8: cv2's `area` is the closest of cv2's
+    filters to that (tests/openpi/test_openpi_resize.py), `linear` does not antialias."""
 
     width: int | None = Field(None, gt=0, le=8192)
     height: int | None = Field(None, gt=0, le=8192)
     resize: Literal["stretch", "crop", "pad"] = "pad"
-    filter: Literal["area", "linear", "cubic"] = "linear"
+    filter: Literal["area", "linear", "cubic"] = "area"
     codec: Literal["raw", "jpeg", "png"] = "raw"  # raw: a uint8 array; jpeg/png: bytes
     quality: int = Field(90, ge=1, le=100)
     layout: Literal["hwc", "chw"] = "hwc"  # ALOHA servers take CHW uint8
