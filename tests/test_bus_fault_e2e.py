@@ -88,9 +88,13 @@ def rig(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Rig]:
     emu.start()
     sets = [f'joints.options.port="{emu.port}"', f'joints.options.calibration="{calibration}"']
     sets += [f'cameras.{name}.options.fallback="pattern"' for name in cfg.cameras]
-    # the emulator shares this process's GIL: slack, so that only the injected fault fails
-    # a read (the budget stays within the 33 ms tick, as the config check demands)
-    sets += ["joints.options.timeout_ms=10", "joints.options.budget_ms=30"]
+    # The emulator shares this process's GIL, and on a loaded machine a thread holding it
+    # can be preempted for tens of ms: a slow tick (10 Hz) and reads that wait 40 ms, so
+    # that only the injected fault fails a read (the budget within the 100 ms tick and the
+    # Bus Watchdog over two of them, as the config check demands).
+    sets += ["control.hz=10", "joints.options.timeout_ms=40", "joints.options.budget_ms=80"]
+    if ARMS[request.param] == "dynamixel":
+        sets += ["joints.options.watchdog_ms=300"]
     d = Daemon(tmp_path, "--config", str(config), *(a for s in sets for a in ("--set", s)))
     client = None
     try:
