@@ -173,9 +173,11 @@ def test_a_lost_copy_resets_the_episode_and_it_goes_on(
 def test_a_chunk_of_three_million_rows_is_refused_before_the_lane(
     worker: Worker, tmp_path: Path
 ) -> None:
-    d = running(worker, tmp_path)
+    # 72 MB go from the copy through the worker to the daemon before it can refuse them: on
+    # a loaded machine that takes seconds, which the 1 s heartbeat would call a lost worker
+    d = running(worker, tmp_path, "--set", "policy.heartbeat_s=30")
     worker.flag("big")
-    d.wait_line(r"chunk refused: 3000000 rows, over policy\.max_chunk_rows = 1024")
+    d.wait_line(r"chunk refused: 3000000 rows, over policy\.max_chunk_rows = 1024", timeout=60)
     n = len(worker.acts())
     wait_for(lambda: len(worker.acts()) >= n + 3, "the acts after the refusal")
     s = finish(d)

@@ -37,6 +37,8 @@ from drivers.servo.options import ServoOptions
 from drivers.servo.reader import StateReader
 from drivers.servo.transport import SerialTransport, TransportError
 
+OPEN_SLACK_S = 0.1  # the wait for each reply at open (see ServoJoints.open)
+
 
 class ServoJoints(JointDriver):
     """Base of the serial servo drivers; see the module docstring."""
@@ -123,15 +125,19 @@ class ServoJoints(JointDriver):
         except TransportError as exc:
             raise DriverFault(f"{self.protocol}: {exc}") from None
         self._transport = transport
+        # At open no tick waits: a reply may come late by a USB adapter's latency timer
+        # (16 ms by default on FTDI) or a loaded machine, and refusing to start for that
+        # helps no one. The ticks' reads then wait timeout_ms only.
         self.bus = ServoBus(
             self.codec(),
             transport,
-            slack_s=o.timeout_ms / 1e3,
+            slack_s=max(o.timeout_ms / 1e3, OPEN_SLACK_S),
             return_delay_s=o.return_delay_us / 1e6,
         )
         try:
             self._ping_all()
             self.configure(self.bus, self.calibration)
+            self.bus.slack_s = o.timeout_ms / 1e3
         except BusError as exc:
             self.close()
             raise DriverFault(
