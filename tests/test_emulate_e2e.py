@@ -88,3 +88,21 @@ def test_an_arm_on_the_emulator_runs_an_episode_of_wave(tmp_path, arm, protocol)
     assert summary["episodes"] == 1 and summary["chunks"] >= 5
     # the emulator went with the daemon
     wait_until(lambda: not alive(emulators[0]), 10, "the emulator to exit")
+
+
+def test_the_emulated_arm_reads_with_room_for_a_busy_machine_unless_the_config_says():
+    """The emulator is a program on the same CPUs, not a servo: --emulate gives the tick's
+    reads 10 ms a reply and 80 % of the tick in all, unless the config sets its own."""
+    from robotd.config import load_config
+    from robotd.runtime.emulate import start_emulation
+
+    given = ["joints.options.timeout_ms=4", "joints.options.budget_ms=9"]
+    keys = ("joints.options.timeout_ms", "joints.options.budget_ms")
+    for sets, want in (([], ["timeout_ms=10.0", "budget_ms=26.67"]), (given, [])):
+        extra, stop = start_emulation(load_config(REPO / "config" / "so101.toml", sets))
+        try:
+            timing = [e.removeprefix("joints.options.") for e in extra if e.split("=")[0] in keys]
+            assert timing == want
+            load_config(REPO / "config" / "so101.toml", [*sets, *extra])  # and it loads
+        finally:
+            stop()

@@ -4,7 +4,11 @@ The servo bus emulator (drivers.emulators) is started on a pty with the config's
 and baud rate; the config is pointed at it (`joints.options.port`) and at a calibration of
 the emulated arm (its shafts start mid-range: 0 rad, grippers half open), written in a
 temporary directory; OpenCV cameras fall back to a test pattern when no device exists.
-Everything else (shield, latching, the policy) is the config's own.
+The emulator is a program sharing the machine's CPUs, not a servo answering in hardware:
+unless the config sets them, a tick's reads wait EMULATED_TIMEOUT_MS for each reply
+(`timeout_ms`) and up to BUDGET_SHARE of the tick in all (`budget_ms`), so that a busy
+machine does not fault the emulated arm. Everything else (shield, latching, the policy) is
+the config's own.
 """
 
 from __future__ import annotations
@@ -25,6 +29,8 @@ EMULATED = ("dynamixel", "feetech")
 CENTRE = 2048
 MARGIN_TICKS = 64
 GRIPPER_HALF_RANGE = 512
+EMULATED_TIMEOUT_MS = 10.0
+BUDGET_SHARE = 0.8
 
 
 def emulated_calibration(cfg: Config) -> Calibration:
@@ -71,6 +77,11 @@ def start_emulation(cfg: Config) -> tuple[list[str], Callable[[], None]]:
         f"joints.options.port={json.dumps(emulator.port)}",
         f"joints.options.calibration={json.dumps(str(calibration))}",
     ]
+    if "timeout_ms" not in opts:
+        overrides.append(f"joints.options.timeout_ms={EMULATED_TIMEOUT_MS}")
+    if "budget_ms" not in opts:
+        budget_ms = round(BUDGET_SHARE * 1e3 / cfg.control.hz, 2)
+        overrides.append(f"joints.options.budget_ms={budget_ms}")
     for name, cam in cfg.cameras.items():
         if cam.driver == "opencv" and cam.options.get("fallback", "none") == "none":
             overrides.append(f'cameras.{name}.options.fallback="pattern"')
