@@ -200,20 +200,20 @@ def _loop(d: JointDriver, seconds: float, warmup: int) -> tuple[list[float], int
     retries: on a loaded machine the emulator can be descheduled past the tick's budget)
     is counted, as the control lane would, and the loop goes on."""
     rtts, failed = [], 0
-    position = d.read().position
-    for _ in range(warmup):
-        position = d.read().position
-        d.write(position)
+    for _ in range(warmup):  # (a failed read here is not counted: nothing is measured yet)
+        try:
+            d.write(d.read().position)
+        except DriverFault:
+            continue
     cpu0, wall0 = time.process_time(), time.perf_counter()
     end = wall0 + seconds
     while time.perf_counter() < end:
         t0 = time.perf_counter()
         try:
-            position = d.read().position
+            d.write(d.read().position)
         except DriverFault:
             failed += 1
             continue
-        d.write(position)
         rtts.append(time.perf_counter() - t0)
     cpu, wall = time.process_time() - cpu0, time.perf_counter() - wall0
     if not rtts:
