@@ -121,3 +121,31 @@ def test_a_second_daemon_on_the_same_run_dir_is_refused_and_the_first_goes_on(tm
         client.close()
     first.signal()
     assert first.wait_exit() == 0
+
+
+def test_an_act_cut_short_by_the_daemons_own_stop_is_not_an_act_error(tmp_path):
+    """The daemon stops while an act is still computing (a remote worker whose policy takes
+    4 s): the act ends unanswered, said so in the log, and is not counted an act error."""
+    import subprocess
+    import sys
+
+    from tests.daemon_util import REPO
+
+    endpoint = f"ipc://{tmp_path}/w.sock"
+    with (tmp_path / "worker.log").open("w") as out:
+        worker = subprocess.Popen(
+            [sys.executable, "-m", "robotd", "serve", "robotd.demo:DotFollower", "--bind",
+             endpoint, "--arg", "latency_ms=4000", "--copies", "0"],
+            cwd=REPO, stdout=out, stderr=subprocess.STDOUT,
+        )  # fmt: skip
+    try:
+        d = Daemon(tmp_path, "--worker", endpoint)
+        d.wait_line(r"episode_start", timeout=60)
+        d.signal(signal.SIGINT)  # the first act is still computing
+        assert d.wait_exit() == 0, "".join(d.log[-30:])
+        assert any("not answered before the daemon stopped" in line for line in d.log), d.log
+        s = d.result()
+        assert s["act_errors"] == 0 and s["chunks"] == 0
+    finally:
+        worker.terminate()
+        worker.wait(30)

@@ -131,6 +131,7 @@ def test_a_worker_with_its_policy_inline_reads_the_same_windows(tmp_path: Path) 
                    'control.timing="realtime"', "--set", "control.refill_steps=3")  # fmt: skip
         assert d.wait_exit() == 0, "".join(d.log[-30:])
         acts = [json.loads(line) for line in record.read_text().splitlines()]
+        assert d.result()["act_errors"] == 0, "".join(d.log[-30:])
         check_windows(acts, d.result())
         assert worker.poll() is None  # it serves on after the daemon's episode
     finally:

@@ -86,6 +86,7 @@ class ActLink:
         self.task = task  # the running episode's task text (operator's robotctl start --task)
         self._prev_act: dict[str, int] = {}
         self.tap: FrameTap | None = None  # told the frames of inline windows (the trace)
+        self.stopping = False  # set as the daemon stops: acts cut short are not errors
 
     def begin(self, ask: Ask) -> _Ask | None:
         """The part of an ask done at once, in message order: plan the window and tell the
@@ -222,6 +223,9 @@ class ActLink:
         return result
 
     def _fail(self, ask_id: int, reason: str) -> None:
+        if self.stopping:  # the daemon closed the link itself: not the policy's failure
+            log.info("ask %d: not answered before the daemon stopped", ask_id)
+            return
         self.counters.act_errors += 1
         log.warning("ask %d: %s", ask_id, reason)
         self.send_down(ActFailed(ask_id, reason[:500]))

@@ -334,8 +334,11 @@ class PolicySession:
         return late, unknown
 
     async def close(self) -> None:
+        """The daemon stops: acts still in flight end unanswered, and are not errors."""
         self._closing = True
         if self.link is not None:
+            self.link.link.stopping = True
             await self.link.client.close()
         if self.openpi is not None:
+            self.openpi.acts.stopping = True
             await self.openpi.link.close()

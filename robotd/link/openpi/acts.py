@@ -89,6 +89,7 @@ class OpenpiActs:
         self.limits = ChunkLimits(cfg.policy.max_chunk_rows, len(cfg.joints.names))
         self._prev_act: dict[str, int] = {}
         self.tap: FrameTap | None = None  # told the frames each act read (the trace)
+        self.stopping = False  # set as the daemon stops: acts cut short are not errors
 
     def begin(self, ask: Ask) -> _Act | None:
         """Plan the window and read it out of the rings at once (frames are overwritten);
@@ -150,6 +151,9 @@ class OpenpiActs:
                 self._prev_act[a.wep] = a.prev
 
     def _fail(self, ask_id: int, reason: str) -> None:
+        if self.stopping:  # the daemon closed the link itself: not the policy's failure
+            log.info("ask %d: not answered before the daemon stopped", ask_id)
+            return
         self.counters.act_errors += 1
         log.warning("ask %d: %s", ask_id, reason)
         self.send_down(ActFailed(ask_id, reason[:500]))
