@@ -132,7 +132,9 @@ def run_daemon(
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(paths)}
     proc = subprocess.run(argv, cwd=ROOT, env=env, capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    return json.loads(summary.read_text())
+    out = json.loads(summary.read_text())
+    out["log_tail"] = proc.stderr[-2500:]  # shown with the summary when an assertion fails
+    return out
 
 
 def test_demo_policy_at_150_ms_through_a_real_worker_keeps_acting(workdir: Path) -> None:
