@@ -6,6 +6,7 @@ import os
 import signal
 import time
 
+import numpy as np
 import pytest
 
 from tests.daemon_util import Daemon, processes_mentioning, shm_of, wait_until
@@ -149,3 +150,33 @@ def test_an_act_cut_short_by_the_daemons_own_stop_is_not_an_act_error(tmp_path):
     finally:
         worker.terminate()
         worker.wait(30)
+
+
+def test_the_first_episode_waits_for_every_cameras_first_frame(caplog):
+    """robot.start = "episode": the contract that starts the episode goes down only once
+    every camera ring holds a frame (else its first acts would read frames that never
+    existed); a camera that never delivers is waited for at most the timeout, then named."""
+    import logging
+    import os
+
+    import anyio
+
+    from robotd.runtime.daemon import first_frames
+    from robotd.shm import FrameRing
+
+    prefix = f"robotd-test-first-{os.getpid()}-"
+    rings = {n: FrameRing.create(prefix + n, (4, 4, 3), 4) for n in ("top", "wrist")}
+    try:
+        rings["top"].write(np.zeros((4, 4, 3), np.uint8), 1)
+        with caplog.at_level(logging.WARNING, logger="robotd"):
+            anyio.run(first_frames, rings, 0.2)
+        assert "cameras ['wrist'] delivered no frame within 0.2 s" in caplog.text
+        caplog.clear()
+        rings["wrist"].write(np.zeros((4, 4, 3), np.uint8), 2)
+        with caplog.at_level(logging.WARNING, logger="robotd"):
+            anyio.run(first_frames, rings, 30.0)  # both there: at once, nothing said
+        assert caplog.text == ""
+    finally:
+        for ring in rings.values():
+            ring.close()
+            ring.unlink()

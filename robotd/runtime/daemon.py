@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import logging
 import secrets
+import time
+from collections.abc import Mapping
 from pathlib import Path
 
 import anyio
@@ -36,12 +38,14 @@ from robotd.runtime.rundir import lock_run_dir
 from robotd.runtime.summary import RunSummary
 from robotd.runtime.supervisor import Supervisor
 from robotd.runtime.view import DaemonView
+from robotd.shm import FrameRing
 
 log = logging.getLogger("robotd")
 
 __all__ = ["Daemon", "Options", "run", "setup_logging"]
 
 READY_TIMEOUT_S = 30.0
+FIRST_FRAME_WAIT_S = 10.0  # a camera process that is slow to start (a loaded machine, USB)
 
 
 class Daemon:
@@ -146,11 +150,14 @@ class Daemon:
         )
         self.session.trace = self.recorder  # uploads, refusals, reconnects (None: no trace)
         try:
-            b.send(await self.session.connect(tg))
+            contract = await self.session.connect(tg)
         except (StartupError, ContractError) as exc:
             log.error("%s", exc)
             self.exit_code = 2
             return
+        if self.cfg.robot.start == "episode":  # the contract starts it: not before the cameras
+            await first_frames(self.shared.rings, FIRST_FRAME_WAIT_S)
+        b.send(contract)
         self.summary.link = self.session.counters
         self.summary.session = self.session
         on_command = self.recorder.operator if self.recorder is not None else None
@@ -202,6 +209,23 @@ class Daemon:
             Path(ep.removeprefix("ipc://")).unlink(missing_ok=True)
         if self.shared is not None:
             self.shared.unlink()
+
+
+async def first_frames(rings: Mapping[str, FrameRing], timeout_s: float) -> None:
+    """Wait until every camera has delivered a frame (at most `timeout_s`, then a warning):
+    an episode started before would ask its first acts for windows whose frames never
+    existed, and they would fail. The rings are shared memory: there is no event to wait
+    on, so they are looked at every 20 ms."""
+    deadline = time.monotonic() + timeout_s
+    waiting = [name for name, ring in rings.items() if ring.latest() is None]
+    while waiting and time.monotonic() < deadline:
+        await anyio.sleep(0.02)
+        waiting = [name for name in waiting if rings[name].latest() is None]
+    if waiting:
+        log.warning(
+            "cameras %s delivered no frame within %g s: the episode starts without them "
+            "(acts whose windows read them fail until they do)", waiting, timeout_s
+        )
 
 
 def run(cfg: Config, opts: Options) -> int:
