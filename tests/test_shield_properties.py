@@ -53,13 +53,18 @@ def _op(n: int):
     )
 
 
-@settings(max_examples=300, deadline=None)
-@given(data=st.data())
-def test_no_target_is_nan_out_of_limits_or_over_the_bounds(data):
+def _run(data: st.DataObject) -> tuple[dict, int, np.ndarray, list]:
+    """A shield's config, its joint count, a start pose and the ticks' operations."""
     cfg = data.draw(configs())
     n = len(cfg["names"])
     start = np.array(data.draw(st.lists(st.floats(-30, 30), min_size=n, max_size=n)))
-    ops = data.draw(st.lists(_op(n), min_size=1, max_size=60))
+    return cfg, n, start, data.draw(st.lists(_op(n), min_size=1, max_size=60))
+
+
+@settings(max_examples=300, deadline=None)
+@given(data=st.data())
+def test_no_target_is_nan_out_of_limits_or_over_the_bounds(data):
+    cfg, n, start, ops = _run(data)
     shield = Shield(**cfg)
     shield.reset(start)
     lo, hi = cfg["lower"], cfg["upper"]
@@ -88,10 +93,7 @@ def test_no_target_is_nan_out_of_limits_or_over_the_bounds(data):
 @settings(max_examples=300, deadline=None)
 @given(data=st.data())
 def test_the_fast_path_decides_exactly_as_the_full_check(data):
-    cfg = data.draw(configs())
-    n = len(cfg["names"])
-    start = np.array(data.draw(st.lists(st.floats(-30, 30), min_size=n, max_size=n)))
-    ops = data.draw(st.lists(_op(n), min_size=1, max_size=60))
+    cfg, _n, start, ops = _run(data)
     fast, full = Shield(**cfg), Shield(**cfg)
     full._fast = None  # every target through the numpy path
     fast.reset(start)

@@ -181,6 +181,10 @@ class Shield:
                 # (the final clip only absorbs rounding: the step range keeps within limits)
                 target = _clip(self._last + limited, self.lower, self.upper)
                 outcome, reason = CLAMPED, f"{name} rate limited"
+        return self._passed(target, outcome, reason)
+
+    def _passed(self, target: np.ndarray, outcome: str = OK, reason: str = "") -> Verdict:
+        """`target` (owned) is this tick's: the shield moves on from it."""
         self._advance(target)
         self._run = 0
         return Verdict(target, outcome, reason)
@@ -198,10 +202,7 @@ class Shield:
             for x, y, m in zip(t, self._last.tolist(), steps, strict=True):
                 if not -m <= x - y <= m:
                     return None
-        target = np.array(t, dtype=np.float64)  # owned: the queue reuses its row buffer
-        self._last = target
-        self._run = 0
-        return Verdict(target, OK)
+        return self._passed(np.array(t, dtype=np.float64))  # owned: the queue reuses its rows
 
     def _advance(self, target: np.ndarray) -> None:
         assert self._last is not None

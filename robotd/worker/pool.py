@@ -29,7 +29,7 @@ from robotd.worker.copies import Copies
 from robotd.worker.death import Loss
 from robotd.worker.decoding import decoded_window
 from robotd.worker.params import check_params
-from robotd.worker.policy_host import ENDED_KEPT
+from robotd.worker.policy_host import ENDED_KEPT, PolicyCallError
 from robotd.worker.runners import InlineRunner
 from robotd.worker.slots import CopyOptions, Slot, Task, answer, error
 
@@ -40,6 +40,7 @@ MAX_QUEUED = 64  # calls waiting for copies (or parked for uploads); beyond that
 Reply = Callable[[list[bytes], dict[str, Any]], None]
 Prepare = Callable[[bytes, int, dict[str, Any], list[dict[str, Any]]], None]
 PackNow = Callable[[dict[str, Any], list[dict[str, Any]]], list[Any] | None]
+DecodeNow = Callable[[list[int], list[dict[str, Any]]], list[dict[str, Any]]]
 
 
 class Busy(Exception):
@@ -64,6 +65,7 @@ class Pool:
         self.copies = Copies(spec, kwargs, options, self)
         self.prepare: Prepare | None = None  # set once the contract is known
         self.pack_now: PackNow | None = None  # an act that needs no decoding, packed at once
+        self.decode_now: DecodeNow | None = None  # an inline copy's window, decoded at once
         self.bound: dict[str, Slot] = {}
         self.lost: OrderedDict[str, dict[str, Any]] = OrderedDict()  # episode -> its error
         self.ended: OrderedDict[str, None] = OrderedDict()
@@ -293,9 +295,8 @@ class Pool:
         if task.task:
             header["task"] = task.task
         observations, task.observations = task.observations, None  # sent, or the preparer's
-        inline = isinstance(slot.runner, InlineRunner)
-        if inline and (window := decoded_window(observations)) is not None:
-            self._send(slot, msg={**header, "observations": window})
+        if isinstance(slot.runner, InlineRunner):
+            self._call_inline(slot, header, observations)
             return
         frames = self.pack_now(header, observations) if self.pack_now else None
         if frames is not None:
@@ -304,21 +305,28 @@ class Pool:
             self.prepare(slot.identity, task.seq, header, observations)
 
     def _send(self, slot: Slot, frames: list[Any] | None = None, msg: Any = None) -> None:
-        """The call in `slot.current` to its copy: as frames on its channel, or, to the copy
-        in this loop (InlineRunner), as a plain call answered at once."""
+        """The call in `slot.current` to its copy, as frames on its channel; to the copy in
+        this loop (InlineRunner), a plain call answered at once."""
         runner = slot.runner
         if not isinstance(runner, InlineRunner):
             self.copies.send(slot, frames if frames is not None else pipe.pack(msg))
             return
-        assert slot.current is not None
+        assert slot.current is not None and msg is not None  # (acts go by _call_inline)
         slot.current.sent = time.perf_counter()
-        try:
-            job = msg if msg is not None else pipe.unpack(frames or [])
-        except wire.WireError as err:  # the preparer's frames: our own bug if they break
-            text = f"cannot hand the act over: {err}"
-            self._done(slot, error_done(slot.current.seq, "internal", text), time.monotonic())
-            return
-        self._done(slot, runner.call(job), time.monotonic())
+        self._done(slot, runner.call(msg), time.monotonic())
+
+    def _call_inline(self, slot: Slot, header: dict[str, Any], observations: Any) -> None:
+        """An act to the copy in this loop: its window decoded here (what was not decoded
+        ahead), then the call; a frame that does not decode is the act's error."""
+        assert self.decode_now is not None
+        window = decoded_window(observations)
+        if window is None:
+            try:
+                window = self.decode_now(header["steps"], observations)
+            except PolicyCallError as err:
+                self._done(slot, error_done(header["seq"], err.code, str(err)), time.monotonic())
+                return
+        self._send(slot, msg={**header, "observations": window})
 
     # ---- parameters and what is known of an episode ----------------------------------------
 

@@ -55,6 +55,11 @@ class Preparer:
         except wire.WireError:
             return None  # submitted: the preparer answers the error
 
+    def decode_now(self, steps: list[int], observations: list[dict]) -> list[dict[str, Any]]:
+        """The window decoded on the caller's thread (an inline copy: the poll loop waits for
+        the policy anyway); PolicyCallError naming a frame that does not decode."""
+        return decode_window(self._layouts, steps, observations)
+
     def stop(self) -> None:
         if self._thread.is_alive():
             self._jobs.put(None)

@@ -184,6 +184,7 @@ class _Server:
         prep_sock.bind(prep_addr)
         preparer = Preparer(ctx, prep_addr, layouts)
         pool.prepare, pool.pack_now = preparer.submit, preparer.pack_now
+        pool.decode_now = preparer.decode_now
         decoder.start()
         preparer.start()
         self.hello_result = {
