@@ -8,11 +8,13 @@ The observation: two 224x224x3 uint8 images, 8 float32 joints (7 + gripper), a p
 The answer: 10 x 8 float32 zeros.
 
   native          robotd.link.client.PolicyClient.act (inline window) against
-                  `robotd serve bench.openpi:NoWorkPolicy --inline`: the policy called in
-                  the worker's poll loop, as openpi's server runs it (the same server-side
-                  work)
-  native_isolated the same against `--copies 1`: the policy in a copy process of its own
-                  (robotd's default: a crash, an OOM, a hang told apart), one hop more
+                  `robotd serve bench.openpi:NoWorkPolicy --inline --bind
+                  stream+tcp://...`: the policy called in the worker's poll loop, as
+                  openpi's server runs it (the same server-side work), on robotd's byte
+                  stream transport (robotd.stream)
+  native_zmq      the same over ZeroMQ (`--bind tcp://...`): what the transport costs
+  native_isolated as native, against `--copies 1`: the policy in a copy process of its
+                  own (robotd's default: a crash, an OOM, a hang told apart), one hop more
   openpi_adapter  robotd.link.openpi.client.OpenpiLink.act against openpi-server's
                   WebsocketPolicyServer (the real package from PyPI, its own venv)
   openpi_client   openpi-client's WebsocketClientPolicy.infer against the same server
@@ -23,7 +25,8 @@ The answer: 10 x 8 float32 zeros.
 
 Each run times `--calls` calls after 20 warm-up calls; runs of the clients interleave,
 and each figure is the median over `--runs` runs of that run's p50 / p99. With --json the
-last line is {"native": {"p50_ms", "p99_ms"}, "native_isolated": {...}, "openpi_adapter":
+last line is {"native": {"p50_ms", "p99_ms"}, "native_zmq": {...}, "native_isolated": {...},
+"openpi_adapter":
 {...}, "openpi_client": {...}, "zmq_floor": {...}, "adapter_vs_client_p50",
 "native_vs_client_p50", "floor_vs_client_p50"} (ratios of the p50s). Target (issue 10):
 native p50 <= 0.5 x openpi_client's, adapter <= 1.1 x.
@@ -142,11 +145,13 @@ def _openpi_client(python: Path, url: str, calls: int) -> list[float]:
     return json.loads(proc.stdout.splitlines()[-1])["rtt_ms"]
 
 
-def _start_native(copies: int, inline: bool = False) -> tuple[subprocess.Popen[str], str]:
+def _start_native(
+    copies: int, inline: bool = False, bind: str = "stream+tcp://127.0.0.1:0"
+) -> tuple[subprocess.Popen[str], str]:
     proc = subprocess.Popen(
         [
             *(sys.executable, "-m", "robotd", "serve", "bench.openpi:NoWorkPolicy"),
-            *("--bind", "tcp://127.0.0.1:0", "--copies", str(copies)),
+            *("--bind", bind, "--copies", str(copies)),
             *(["--inline"] if inline else []),
         ],
         env=child_env(),
@@ -224,10 +229,12 @@ def measure(calls: int, runs: int, log_dir: Path) -> dict[str, list[dict[str, fl
     # server-side work); native_isolated: in a copy process of its own (robotd's default,
     # which tells a crash, an OOM and a hang apart), one process hop more.
     native, endpoint = _start_native(0, inline=True)
+    over_zmq, zmq_ep = _start_native(0, inline=True, bind="tcp://127.0.0.1:0")
     isolated, isolated_ep = _start_native(1)
     floor, floor_ep = _start_floor()
     results: dict[str, list[dict[str, float]]] = {
         "native": [],
+        "native_zmq": [],
         "native_isolated": [],
         "openpi_adapter": [],
         "openpi_client": [],
@@ -239,6 +246,9 @@ def measure(calls: int, runs: int, log_dir: Path) -> dict[str, list[dict[str, fl
             results["native"].append(
                 percentiles(anyio.run(_native, endpoint, calls, backend_options=uvloop))
             )
+            results["native_zmq"].append(
+                percentiles(anyio.run(_native, zmq_ep, calls, backend_options=uvloop))
+            )
             results["native_isolated"].append(
                 percentiles(anyio.run(_native, isolated_ep, calls, backend_options=uvloop))
             )
@@ -249,7 +259,7 @@ def measure(calls: int, runs: int, log_dir: Path) -> dict[str, list[dict[str, fl
             results["zmq_floor"].append(percentiles(_floor(floor_ep, calls)))
     finally:
         server.kill()
-        for proc in (native, isolated, floor):
+        for proc in (native, over_zmq, isolated, floor):
             proc.terminate()
             proc.wait(10)
     return results
@@ -294,11 +304,13 @@ def main(argv: list[str] | None = None) -> int:
     native = ratio(summary["native"]["p50_ms"], base)
     adapter = ratio(summary["openpi_adapter"]["p50_ms"], base)
     floor = ratio(summary["zmq_floor"]["p50_ms"], base)
+    over_zmq = ratio(summary["native_zmq"]["p50_ms"], base)
     def verdict(value: float | None, target: float) -> str:
         return "met" if value is not None and value <= target else "NOT met"
 
     print(f"native / openpi_client p50: {native} (target <= 0.5: {verdict(native, 0.5)}; "
-          f"the raw ZeroMQ floor alone is {floor}); adapter / openpi_client: {adapter} "
+          f"over ZeroMQ {over_zmq}, whose raw floor alone is {floor}); "
+          f"adapter / openpi_client: {adapter} "
           f"(target <= 1.1: {verdict(adapter, 1.1)})")  # fmt: skip
     if args.json:
         emit_json(
@@ -306,6 +318,7 @@ def main(argv: list[str] | None = None) -> int:
                 **summary,
                 "adapter_vs_client_p50": ratio(summary["openpi_adapter"]["p50_ms"], base),
                 "native_vs_client_p50": ratio(summary["native"]["p50_ms"], base),
+                "native_zmq_vs_client_p50": over_zmq,
                 "floor_vs_client_p50": ratio(summary["zmq_floor"]["p50_ms"], base),
             }
         )

@@ -73,7 +73,12 @@ def _parser() -> argparse.ArgumentParser:
 
 def _serve_parser(serve: argparse.ArgumentParser) -> None:
     serve.add_argument("policy", help="MODULE:CLASS of the policy")
-    serve.add_argument("--bind", required=True, help="ZeroMQ endpoint, e.g. tcp://0.0.0.0:5555")
+    serve.add_argument(
+        "--bind",
+        required=True,
+        help="act endpoint: ZeroMQ (tcp://0.0.0.0:5555, ipc://PATH) or a byte stream, "
+        "lighter per act (stream+tcp://0.0.0.0:5555, stream+ipc://PATH)",
+    )
     serve.add_argument(
         "--arg",
         dest="args",
@@ -96,6 +101,12 @@ def _serve_parser(serve: argparse.ArgumentParser) -> None:
     serve.add_argument("--max-episode-frames", type=int, default=1024)
     serve.add_argument("--max-episode-mib", type=int, default=64)
     serve.add_argument("--max-worker-mib", type=int, default=1024)
+    _copies_arguments(serve)
+    serve.add_argument("--args-json", default=None, help=argparse.SUPPRESS)
+
+
+def _copies_arguments(serve: argparse.ArgumentParser) -> None:
+    """How `robotd serve` runs the policy: copies, inline, hang and start limits."""
     serve.add_argument(
         "--copies",
         type=int,
@@ -126,7 +137,6 @@ def _serve_parser(serve: argparse.ArgumentParser) -> None:
         default=0,
         help="address-space limit of each copy process (RLIMIT_AS; 0: none)",
     )
-    serve.add_argument("--args-json", default=None, help=argparse.SUPPRESS)
 
 
 def _policy_kwargs(args: argparse.Namespace) -> dict:
@@ -157,6 +167,8 @@ def _load_checked(args: argparse.Namespace) -> Config:
 
 
 def _serve(args: argparse.Namespace) -> int:
+    import zmq
+
     from robotd.runtime.daemon import setup_logging
     from robotd.runtime.procutil import die_with_parent
     from robotd.worker.policy_host import PolicyLoadError
@@ -194,6 +206,9 @@ def _serve(args: argparse.Namespace) -> int:
         )
     except PolicyLoadError as exc:
         print(f"robotd serve: {exc}", file=sys.stderr)
+        return 2
+    except (OSError, ValueError, zmq.ZMQError) as exc:  # an endpoint that cannot be bound
+        print(f"robotd serve: cannot serve on {args.bind}: {exc}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:  # Ctrl-C reaches the whole process group: a clean stop
         return 0

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
@@ -180,3 +181,25 @@ def test_a_run_dir_too_long_for_ipc_sockets():
     long_dir = "/tmp/" + "x" * 100
     with pytest.raises(ConfigError, match=r"--set runtime\.dir: .* too long for the ipc sockets"):
         load_config(None, [f'runtime.dir="{long_dir}"'])
+
+
+@pytest.mark.parametrize(
+    "worker",
+    ["", "stream+tcp://gpu-box:5555", "stream+ipc:///run/w.sock", "tcp://gpu:5555", "ipc:///w"],
+)
+def test_robotd_worker_endpoints_are_taken(worker: str) -> None:
+    assert load_config(None, [f'policy.worker="{worker}"']).policy.worker == worker
+
+
+@pytest.mark.parametrize(
+    ("worker", "needle"),
+    [
+        ("stream+tcp://gpu-box", "policy: worker: 'stream+tcp://gpu-box': want stream"),
+        ("stream+tcp://*:5555", "'*' is for binding"),
+        ("zmq://gpu:5555", "policy: worker: 'zmq://gpu:5555': a robotd worker listens on"),
+        ("ws://gpu:8000", 'ws:// and wss:// are for policy.link = "openpi"'),
+    ],
+)
+def test_bad_worker_endpoints_are_named(worker: str, needle: str) -> None:
+    with pytest.raises(ConfigError, match=re.escape(needle)):
+        load_config(None, [f'policy.worker="{worker}"'])

@@ -208,7 +208,7 @@ def test_a_worker_killed_mid_episode_resets_it_and_the_replay_still_matches(tmp_
     c = ControlClient(d.control_endpoint, timeout_s=15)
     try:
         wait_steps(c, 40)
-        (worker,) = [p for p in processes_mentioning(f"--bind ipc://{d.dir}/worker-")
+        (worker,) = [p for p in processes_mentioning(f"--bind stream+ipc://{d.dir}/worker-")
                      if b" serve " in Path(f"/proc/{p}/cmdline").read_bytes().replace(b"\0", b" ")]
         old = _status(c)["wep"]
         os.kill(worker, signal.SIGKILL)

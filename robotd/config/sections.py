@@ -9,6 +9,8 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from robotd.link.openpi.options import OpenpiOptions
+from robotd.stream.endpoint import EndpointError, is_stream
+from robotd.stream.endpoint import parse as parse_stream
 
 PositiveFloat = Annotated[float, Field(gt=0)]
 # A safety limit: NaN would make every comparison false (and the shield's clamp emit NaN),
@@ -151,6 +153,25 @@ class PolicyConfig(_Model):
     observations: dict[str, Any] | None = None
     actions: dict[str, Any] | None = None
     openpi: OpenpiConfig = OpenpiConfig()
+
+    @model_validator(mode="after")
+    def _worker_endpoint(self) -> PolicyConfig:
+        ep = self.worker
+        if self.link != "zmq" or not ep:
+            return self
+        if is_stream(ep):
+            try:
+                parse_stream(ep)
+            except EndpointError as err:
+                raise ValueError(f"worker: {err}") from None
+        elif not ep.startswith(("tcp://", "ipc://")):
+            openpi = ep.startswith(("ws://", "wss://"))
+            hint = ' (ws:// and wss:// are for policy.link = "openpi")' if openpi else ""
+            raise ValueError(
+                f"worker: {ep!r}: a robotd worker listens on stream+tcp://HOST:PORT, "
+                f"stream+ipc://PATH, tcp://HOST:PORT or ipc://PATH{hint}"
+            )
+        return self
 
 
 # The longest socket name robotd makes in the run directory, and the kernel's limit on

@@ -35,6 +35,8 @@ from robotd.link.replies import (
     parse_handshake,
     unwrap,
 )
+from robotd.link.stream_dealer import StreamDealer
+from robotd.stream.endpoint import is_stream
 
 log = logging.getLogger("robotd.link")
 
@@ -52,7 +54,8 @@ class _Pending:
 
 
 class PolicyClient:
-    """A DEALER connected to one worker's ROUTER endpoint.
+    """A connection to one worker's act endpoint: a ZeroMQ DEALER to its ROUTER (tcp://,
+    ipc://), or a byte stream (stream+tcp://, stream+ipc://: robotd.link.stream_dealer).
 
     `timeout_s` bounds every call (overridable per act). Not thread-safe: use it from the
     event loop's thread. `close()` is idempotent.
@@ -64,7 +67,8 @@ class PolicyClient:
         self.late_replies = 0  # replies to requests already given up (timed out): dropped
         self.unknown_replies = 0  # replies naming no request this client made: dropped
         self._abandoned: deque[int] = deque(maxlen=ABANDONED_KEPT)
-        self._dealer = LoopDealer(
+        kind = StreamDealer if is_stream(endpoint) else LoopDealer
+        self._dealer: LoopDealer | StreamDealer = kind(
             endpoint, self._dispatch, max_message_bytes=wire.MAX_MESSAGE_BYTES
         )
         self._ids = itertools.count(1)

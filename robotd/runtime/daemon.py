@@ -129,7 +129,7 @@ class Daemon:
     async def _main(self, tg: anyio.abc.TaskGroup, children: Children) -> None:
         assert self.shared is not None
         endpoint = self.opts.worker or self.cfg.policy.worker
-        local = None if endpoint else f"ipc://{self.dir}/worker-{self.run_id}.sock"
+        local = None if endpoint else f"stream+ipc://{self.dir}/worker-{self.run_id}.sock"
         b = self.bridge
         ends = LaneEndpoints(b.up_ep, b.down_ep, b.estop_ep)
         await children.start(self.run_id, ends, self.shared, local)

@@ -13,6 +13,7 @@ from typing import Any
 import zmq
 
 from robotd import framed, wire
+from robotd.stream.router import StreamRouter
 from robotd.worker import commands
 from robotd.worker.params import ParamError, params_to_wire
 from robotd.worker.pool import MAX_QUEUED, Busy, Pool
@@ -46,7 +47,7 @@ class ActRequests:
 
     def __init__(
         self,
-        router: zmq.Socket,
+        router: zmq.Socket | StreamRouter,
         pool: Pool,
         store: FrameStore,
         windowed: bool,

@@ -175,7 +175,10 @@ def upload_fields(msg: dict[str, Any]) -> Upload:
 
 def observe_endpoint(bind: str) -> str:
     """The observe endpoint that goes with act endpoint `bind`: ipc `x.sock` -> `x-o.sock`,
-    tcp port P -> P + 1 (port 0 stays 0: any free port), inproc `n` -> `n-observe`."""
+    tcp port P -> P + 1 (port 0 stays 0: any free port), inproc `n` -> `n-observe`; for
+    stream+ipc:// and stream+tcp:// the same ZeroMQ endpoints (uploads are ZeroMQ)."""
+    if bind.startswith("stream+"):  # the act link on a byte stream; uploads stay ZeroMQ
+        return observe_endpoint(bind.removeprefix("stream+"))
     if bind.startswith("ipc://"):
         path = Path(bind[len("ipc://") :])
         return "ipc://" + str(path.with_name(f"{path.stem}-o{path.suffix}"))

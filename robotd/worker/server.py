@@ -29,6 +29,8 @@ import zmq
 
 from robotd import framed, wire
 from robotd.contract import Actions, Observations
+from robotd.stream.endpoint import is_stream, zmq_equivalent
+from robotd.stream.router import StreamRouter
 from robotd.worker.act_requests import ActRequests
 from robotd.worker.decoding import Decoder
 from robotd.worker.frame import DecodeBudget
@@ -121,6 +123,7 @@ class _Server:
         ctx = zmq.Context()
         sockets: list[zmq.Socket] = []
         bound: list[str] = []
+        streams: list[StreamRouter] = []
         pool: Pool | None = None
         helpers: list[Any] = []
         try:
@@ -130,12 +133,15 @@ class _Server:
                 return
             store, decoder, preparer, prep_sock = self._build(ctx, pool, sockets)
             helpers += [decoder, preparer]
-            router = _socket(ctx, zmq.ROUTER, sockets)
+            router = _act_socket(ctx, bind, sockets, streams)
             obs = _socket(ctx, zmq.ROUTER, sockets)
             for sock, ep in ((router, bind), (obs, observe)):
-                prepare_ipc(ep)
-                sock.bind(ep)
-                bound.append(sock.getsockopt_string(zmq.LAST_ENDPOINT))
+                prepare_ipc(zmq_equivalent(ep))
+                if isinstance(sock, StreamRouter):
+                    bound.append(sock.bind())
+                else:
+                    sock.bind(ep)
+                    bound.append(sock.getsockopt_string(zmq.LAST_ENDPOINT))
             self.observe_ep = bound[1]
             windowed = self.hello_result["contract"]["observations"] is not None
             self.acts = ActRequests(
@@ -157,6 +163,8 @@ class _Server:
                 pool.copies.stop()
             for sock in sockets:
                 sock.close(linger=0)
+            for stream in streams:
+                stream.close()
             for ep in bound:
                 remove_ipc(ep)
             if pool is not None and pool.copies.threads_left():
@@ -230,7 +238,8 @@ class _Server:
         stop: threading.Event,
     ) -> None:
         router = self.acts.router
-        watch = Watch(pool, [router, obs, prep])
+        stream = router if isinstance(router, StreamRouter) else None
+        watch = Watch(pool, [obs, prep] if stream else [router, obs, prep], stream)
         copies = pool.copies
         while not stop.is_set():
             until_check = max(0.0, copies.due - time.monotonic())
@@ -248,7 +257,10 @@ class _Server:
                 touched = {_handle_observe(store, obs, frames) for frames in _recv_all(obs)}
                 for episode in touched - {None}:
                     self.acts.recheck(episode)
-            if router in ready:  # frames not copied: arrays are views of them, passed on
+            if stream is not None:
+                for frames in stream.receive(ready):
+                    self.acts.handle(frames)
+            elif router in ready:  # frames not copied: arrays are views of them, passed on
                 for frames in _recv_all(router, copy=False):
                     self.acts.handle(frames)
             self.acts.expire()
@@ -262,6 +274,18 @@ def _socket(ctx: zmq.Context, kind: int, sockets: list[zmq.Socket]) -> zmq.Socke
         sock.copy_threshold = framed.COPY_BELOW  # sent with copy=False: see there
     sockets.append(sock)
     return sock
+
+
+def _act_socket(
+    ctx: zmq.Context, bind: str, sockets: list[zmq.Socket], streams: list[StreamRouter]
+) -> zmq.Socket | StreamRouter:
+    """The act endpoint: a ZeroMQ ROUTER, or for stream+tcp:// / stream+ipc:// a
+    StreamRouter (robotd.stream.router: the same requests, a lighter transport)."""
+    if not is_stream(bind):
+        return _socket(ctx, zmq.ROUTER, sockets)
+    stream = StreamRouter(bind, max_message_bytes=wire.MAX_MESSAGE_BYTES)
+    streams.append(stream)
+    return stream
 
 
 def _await_first_copy(pool: Pool, stop: threading.Event) -> bool:

@@ -1,6 +1,7 @@
-"""What the worker's poll loop waits on: its ZeroMQ sockets, and each copy's channel and
-pidfd, kept registered as copies come and go; and the copies' traffic handled when their
-channels are ready."""
+"""What the worker's poll loop waits on: its ZeroMQ sockets, the act endpoint's
+descriptors when it is a stream (robotd.stream.router), and each copy's channel and pidfd,
+kept registered as peers and copies come and go; and the copies' traffic handled when
+their channels are ready."""
 
 from __future__ import annotations
 
@@ -9,12 +10,15 @@ from typing import Any
 
 import zmq
 
+from robotd.stream.router import StreamRouter
 from robotd.worker.channel import ChannelClosed
 from robotd.worker.death import Loss
 from robotd.worker.pool import Pool
 from robotd.worker.slots import Slot
 
 BROKEN_S = 2.0
+# The poller's flags as plain ints: zmq's are enum flags, and `&` on those costs microseconds.
+POLLIN, POLLOUT = int(zmq.POLLIN), int(zmq.POLLOUT)
 
 
 class Watch:
@@ -22,23 +26,27 @@ class Watch:
     and POLLOUT while a message waits to be written) and their pidfds (readable when a copy
     process ends)."""
 
-    def __init__(self, pool: Pool, sockets: list[zmq.Socket]) -> None:
+    def __init__(
+        self, pool: Pool, sockets: list[zmq.Socket], stream: StreamRouter | None = None
+    ) -> None:
         self.pool = pool
+        self.stream = stream
         self.poller = zmq.Poller()
         for sock in sockets:
             self.poller.register(sock, zmq.POLLIN)
         self._fds: dict[int, int] = {}  # descriptor -> flags registered
         self._pidfds: set[int] = set()
         self._channels: dict[int, Slot] = {}
-        self._seen: tuple[int, tuple[bool, ...]] | None = None  # what was registered for
+        self._seen: tuple[int, tuple[bool, ...], int] | None = None  # registered for
         self._broken: dict[Slot, float] = {}  # channel ended, process not (yet): since when
 
     def poll(self, timeout_ms: int) -> dict[Any, int]:
         """Wait up to `timeout_ms`; what is ready (socket or descriptor -> events)."""
         copies = self.pool.copies
         writes = tuple(s.runner.channel.wants_write for s in copies.slots.values())
-        if (copies.generation, writes) != self._seen:  # a copy came or went, or has output
-            self._seen = (copies.generation, writes)
+        seen = (copies.generation, writes, self.stream.generation if self.stream else 0)
+        if seen != self._seen:  # a copy or a peer came or went, or has output
+            self._seen = seen
             self._register()
         return dict(self.poller.poll(timeout_ms))
 
@@ -49,9 +57,11 @@ class Watch:
     def _register(self) -> None:
         self._channels = self.pool.copies.channels()
         self._pidfds = set(self.pool.copies.fds())
-        wanted = dict.fromkeys(self._pidfds, zmq.POLLIN)
+        wanted = dict.fromkeys(self._pidfds, POLLIN)
         for fd, slot in self._channels.items():
-            wanted[fd] = zmq.POLLIN | (zmq.POLLOUT if slot.runner.channel.wants_write else 0)
+            wanted[fd] = POLLIN | POLLOUT if slot.runner.channel.wants_write else POLLIN
+        if self.stream is not None:
+            wanted.update(self.stream.fds())
         for fd in self._fds.keys() - wanted.keys():
             self.poller.unregister(fd)
         for fd, flags in wanted.items():
@@ -73,9 +83,9 @@ class Watch:
         for fd, slot in self._channels.items():
             events = ready.get(fd, 0)
             channel = slot.runner.channel
-            if events & zmq.POLLOUT:
+            if events & POLLOUT:
                 channel.flush()
-            if not events & zmq.POLLIN:
+            if not events & POLLIN:
                 continue
             try:
                 messages = channel.receive()

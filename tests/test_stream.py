@@ -1,0 +1,434 @@
+"""robotd's byte-stream transport (robotd.stream): framing on real socket pairs, the
+worker's StreamRouter against hostile peers, and the daemon's StreamDealer losing and
+finding its worker again, all on real sockets."""
+
+from __future__ import annotations
+
+import random
+import shutil
+import socket
+import struct
+import tempfile
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import anyio
+import numpy as np
+import pytest
+
+from robotd import framed
+from robotd.link.client import PolicyClient, PolicyError
+from robotd.link.stream_dealer import StreamDealer
+from robotd.stream import endpoint as ep
+from robotd.stream import router as router_mod
+from robotd.stream.framing import FrameReader, FrameWriter, StreamBroken, head
+from robotd.stream.router import StreamRouter
+from robotd.worker.server import serve
+
+
+def run(fn: Any) -> Any:
+    return anyio.run(fn, backend_options={"use_uvloop": True})
+
+
+@pytest.fixture
+def pair() -> Iterator[tuple[socket.socket, socket.socket]]:
+    a, b = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+    a.setblocking(False)
+    b.setblocking(False)
+    yield a, b
+    a.close()
+    b.close()
+
+
+def _drain(reader: FrameReader, sock: socket.socket, want: int) -> list[list[bytearray]]:
+    """Messages until `want` arrived (the writer side has written everything already)."""
+    got: list[list[bytearray]] = []
+    deadline = time.monotonic() + 20
+    while len(got) < want:
+        assert time.monotonic() < deadline, f"only {len(got)} of {want} messages arrived"
+        got += reader.receive(sock)
+    return got
+
+
+# ---- framing --------------------------------------------------------------------------------
+
+
+def test_messages_of_every_shape_round_trip(pair: tuple[socket.socket, socket.socket]) -> None:
+    a, b = pair
+    rng = np.random.default_rng(1)
+    sizes = [[0], [1], [5, 0, 7], [70_000], [3, 200_000, 16_384, 16_383], [1] * 300]
+    messages = [[rng.bytes(n) for n in frame_sizes] for frame_sizes in sizes]
+    writer, reader = FrameWriter(), FrameReader(max_bytes=1 << 20)
+    got: list[list[bytearray]] = []
+    for m in messages:
+        writer.queue(m)
+    deadline = time.monotonic() + 20
+    while writer.wants_write or len(got) < len(messages):  # the pair's buffer is small
+        assert time.monotonic() < deadline
+        writer.flush(a)
+        got += reader.receive(b)
+    assert [[bytes(f) for f in m] for m in got] == messages
+    assert writer.pending_bytes == 0
+
+
+def test_a_message_split_at_every_byte_is_put_back_together() -> None:
+    body = [b"header", bytes(range(256)) * 100, b"", b"tail"]
+    wire_bytes = head([len(f) for f in body]) + b"".join(body)
+    for cut in range(1, len(wire_bytes), 97):
+        a, b = socket.socketpair()
+        b.setblocking(False)
+        reader = FrameReader(max_bytes=1 << 20)
+        a.sendall(wire_bytes[:cut])
+        first = _poll_some(reader, b)
+        a.sendall(wire_bytes[cut:])
+        rest = _drain(reader, b, 1 - len(first))
+        assert [[bytes(f) for f in m] for m in first + rest] == [body]
+        a.close()
+        b.close()
+
+
+def _poll_some(reader: FrameReader, sock: socket.socket) -> list[list[bytearray]]:
+    out: list[list[bytearray]] = []
+    for _ in range(3):  # what the first part holds (never a whole message before the cut)
+        out += reader.receive(sock)
+    return out
+
+
+@pytest.mark.parametrize(
+    ("data", "needle"),
+    [
+        (struct.pack("<I", 0), "a message of 0 frames"),
+        (struct.pack("<I", framed.MAX_FRAMES + 1), f"{framed.MAX_FRAMES + 1} frames"),
+        (struct.pack("<IQ", 1, 2_000_000), "2000000 bytes, over 1048576"),
+        (struct.pack("<IQQ", 2, 1 << 63, 1 << 63), "over 1048576"),
+    ],
+)
+def test_broken_prefixes_break_the_stream_by_name(
+    pair: tuple[socket.socket, socket.socket], data: bytes, needle: str
+) -> None:
+    a, b = pair
+    a.sendall(data)
+    with pytest.raises(StreamBroken, match=needle):
+        _drain(FrameReader(max_bytes=1 << 20), b, 1)
+
+
+def test_the_peers_end_mid_message_breaks_the_stream(
+    pair: tuple[socket.socket, socket.socket],
+) -> None:
+    a, b = pair
+    a.sendall(head([3, 10]) + b"abc" + b"12345")
+    a.close()
+    with pytest.raises(StreamBroken, match="closed the stream"):
+        _drain(FrameReader(max_bytes=1 << 20), b, 1)
+
+
+def test_messages_before_the_end_are_handed_out_first(
+    pair: tuple[socket.socket, socket.socket],
+) -> None:
+    a, b = pair
+    a.sendall(head([2]) + b"ok")
+    a.close()
+    reader = FrameReader(max_bytes=1 << 20)
+    assert [bytes(f) for f in _drain(reader, b, 1)[0]] == [b"ok"]
+    with pytest.raises(StreamBroken):
+        reader.receive(b)
+
+
+def test_random_bytes_only_ever_break_the_stream() -> None:
+    rng = random.Random(7)
+    for trial in range(200):
+        a, b = socket.socketpair()
+        b.setblocking(False)
+        a.sendall(bytes(rng.randrange(256) for _ in range(rng.randrange(1, 600))))
+        a.close()
+        reader = FrameReader(max_bytes=1 << 16)
+        try:
+            for _ in range(50):
+                reader.receive(b)
+        except StreamBroken:
+            pass
+        else:
+            raise AssertionError(f"trial {trial}: the stream never ended")
+        b.close()
+
+
+# ---- the worker's end ---------------------------------------------------------------------
+
+
+ECHO = """
+class Echo:
+    \"\"\"No contract: answers one row holding the observation's value.\"\"\"
+
+    def infer(self, obs):
+        return [[float(obs["v"]), 0.0]]
+"""
+
+
+@pytest.fixture
+def short(monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
+    """A short directory (unix socket paths are limited to 107 bytes) holding the Echo
+    policy's module, importable by a worker in this process."""
+    path = Path(tempfile.mkdtemp(prefix="robotd-st-"))
+    (path / "echo_policy.py").write_text(ECHO)
+    monkeypatch.syspath_prepend(str(path))
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
+
+
+@pytest.fixture
+def stream_worker(short: Path) -> Iterator[str]:
+    """The reference worker serving Echo on a stream endpoint, in a thread of this process
+    (so that a test can lower its limits)."""
+    bound: list[str] = []
+    ready, stop = threading.Event(), threading.Event()
+
+    def on_ready(endpoint: str) -> None:
+        bound.append(endpoint)
+        ready.set()
+
+    thread = threading.Thread(
+        target=serve,
+        args=("echo_policy:Echo", f"stream+ipc://{short}/w.sock"),
+        kwargs={"ready": on_ready, "stop": stop},
+        daemon=True,
+    )
+    thread.start()
+    assert ready.wait(30), "the worker did not start"
+    yield bound[0]
+    stop.set()
+    thread.join(30)
+    assert not thread.is_alive()
+    assert not (short / "w.sock").exists()
+
+
+def _act(client: PolicyClient, step: int, v: float) -> Any:
+    return client.act("S", step, [step], [{"v": v}])
+
+
+def test_a_hostile_peer_is_closed_and_the_others_are_served(stream_worker: str) -> None:
+    path = ep.ipc_file(stream_worker)
+    assert path is not None
+
+    async def main() -> None:
+        client = PolicyClient(stream_worker, timeout_s=20)
+        await client.connect()
+        for junk in (struct.pack("<I", 0), struct.pack("<IQ", 1, 1 << 40), b"\xff" * 64):
+            bad = socket.socket(socket.AF_UNIX)
+            bad.connect(str(path))
+            bad.sendall(junk)
+            bad.settimeout(20)
+            assert bad.recv(16) == b""  # closed by the worker, nothing answered
+            bad.close()
+            result = await _act(client, 1, 2.5)
+            assert result.actions[0, 0] == 2.5
+        await client.close()
+
+    run(main)
+
+
+def test_peers_over_the_limit_are_refused_and_the_first_still_served(
+    stream_worker: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(router_mod, "MAX_PEERS", 3)
+    path = ep.ipc_file(stream_worker)
+    assert path is not None
+
+    async def main() -> None:
+        client = PolicyClient(stream_worker, timeout_s=20)
+        await client.connect()  # peer 1
+        extra = []
+        for _ in range(2):  # peers 2 and 3
+            s = socket.socket(socket.AF_UNIX)
+            s.connect(str(path))
+            extra.append(s)
+        await _act(client, 1, 1.0)  # the worker has accepted them all by now
+        over = socket.socket(socket.AF_UNIX)
+        over.connect(str(path))  # accepted by the kernel, closed by the worker
+        over.settimeout(20)
+        assert over.recv(16) == b""
+        assert (await _act(client, 2, 3.0)).actions[0, 0] == 3.0
+        for s in [*extra, over]:
+            s.close()
+        await client.close()
+
+    run(main)
+
+
+def test_a_peer_that_never_reads_its_replies_is_closed(
+    stream_worker: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(router_mod, "MAX_PENDING", 64 << 10)
+    path = ep.ipc_file(stream_worker)
+    assert path is not None
+    ping = framed.pack({"id": 1, "cmd": "ping"})[0]
+    message = head([len(ping)]) + ping
+    greedy = socket.socket(socket.AF_UNIX)
+    greedy.connect(str(path))
+    greedy.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    greedy.settimeout(20)  # a worker that stopped reading us would fail the test here
+    closed = False
+    deadline = time.monotonic() + 30
+    while not closed and time.monotonic() < deadline:
+        try:
+            greedy.sendall(message * 200)  # pings, their answers never read
+        except (BrokenPipeError, ConnectionResetError):
+            closed = True
+    greedy.close()
+    assert closed, "the worker kept a peer that never reads"
+
+    async def main() -> None:
+        client = PolicyClient(stream_worker, timeout_s=20)
+        await client.connect()
+        assert (await _act(client, 1, 4.0)).actions[0, 0] == 4.0
+        await client.close()
+
+    run(main)
+
+
+def test_stream_router_binds_tcp_port_zero_and_names_the_port() -> None:
+    r = StreamRouter("stream+tcp://127.0.0.1:0", max_message_bytes=1 << 20)
+    bound = r.bind()
+    try:
+        port = int(bound.rsplit(":", 1)[1])
+        assert bound.startswith("stream+tcp://127.0.0.1:") and port > 0
+        with socket.create_connection(("127.0.0.1", port), timeout=10):
+            pass
+    finally:
+        r.close()
+
+
+@pytest.mark.parametrize(
+    ("endpoint", "needle"),
+    [
+        ("stream+tcp://host", "want stream\\+tcp://HOST:PORT"),
+        ("stream+tcp://h:70000", "out of range"),
+        ("stream+tcp://*:5555", "'\\*' is for binding"),
+        ("stream+ipc://", "no socket path"),
+        ("stream+ipc:///" + "x" * 120, "over 107 bytes"),
+        ("tcp://h:1", "not a stream endpoint"),
+    ],
+)
+def test_bad_stream_endpoints_are_named(endpoint: str, needle: str) -> None:
+    with pytest.raises(ep.EndpointError, match=needle):
+        ep.parse(endpoint)
+
+
+def test_a_bind_over_a_file_that_is_not_a_socket_is_refused(tmp_path: Path) -> None:
+    precious = tmp_path / "data.txt"
+    precious.write_text("keep me")
+    with pytest.raises(OSError, match="not a socket"):
+        StreamRouter(f"stream+ipc://{precious}", max_message_bytes=1024).bind()
+    assert precious.read_text() == "keep me"
+
+
+# ---- the daemon's end ---------------------------------------------------------------------
+
+
+def test_the_client_finds_a_restarted_worker_again(short: Path) -> None:
+    """The worker goes away for longer than a call's timeout and comes back on the same
+    path: the call meanwhile times out (never hangs), the next one is answered."""
+    endpoint = f"stream+ipc://{short}/w.sock"
+
+    def start() -> tuple[threading.Thread, threading.Event]:
+        ready, stop = threading.Event(), threading.Event()
+        t = threading.Thread(
+            target=serve,
+            args=("echo_policy:Echo", endpoint),
+            kwargs={"ready": lambda _ep: ready.set(), "stop": stop},
+            daemon=True,
+        )
+        t.start()
+        assert ready.wait(30)
+        return t, stop
+
+    async def main() -> None:
+        thread, stop = start()
+        client = PolicyClient(endpoint, timeout_s=20)
+        await client.connect()
+        assert (await _act(client, 1, 1.0)).actions[0, 0] == 1.0
+        stop.set()
+        await anyio.to_thread.run_sync(thread.join, 30)
+        with pytest.raises(TimeoutError):
+            await client.act("S", 2, [2], [{"v": 2.0}], timeout_s=0.5)
+        thread, stop = start()
+        with anyio.fail_after(30):
+            while True:  # redialled within RECONNECT_S of the worker binding again
+                try:
+                    result = await client.act("S", 3, [3], [{"v": 3.0}], timeout_s=2)
+                    break
+                except TimeoutError:
+                    continue
+        assert result.actions[0, 0] == 3.0
+        await client.close()
+        stop.set()
+        await anyio.to_thread.run_sync(thread.join, 30)
+
+    run(main)
+
+
+def test_a_reply_over_the_limit_closes_the_connection_and_it_is_dialled_again() -> None:
+    """A hostile server: its first reply claims a frame over the client's limit, so the
+    client drops the connection (no allocation of what it claims) and dials again."""
+    path = Path(f"/tmp/robotd-sh-{time.monotonic_ns()}.sock")
+    server = socket.socket(socket.AF_UNIX)
+    server.bind(str(path))
+    server.listen(4)
+    accepted: list[socket.socket] = []
+
+    def hostile() -> None:
+        server.settimeout(30)
+        first, _ = server.accept()
+        accepted.append(first)
+        first.sendall(struct.pack("<IQ", 1, 1 << 30))
+        second, _ = server.accept()  # the client came back
+        accepted.append(second)
+        second.sendall(head([2]) + b"hi")
+
+    t = threading.Thread(target=hostile, daemon=True)
+    t.start()
+    got: list[list[bytes]] = []
+
+    async def main() -> None:
+        arrived = anyio.Event()
+
+        def on_message(frames: list[Any]) -> None:
+            got.append([bytes(f) for f in frames])
+            arrived.set()
+
+        dealer = StreamDealer(f"stream+ipc://{path}", on_message, max_message_bytes=1 << 20)
+        dealer.open()
+        with anyio.fail_after(30):
+            await arrived.wait()
+        assert dealer.connections == 2
+        dealer.close()
+        with pytest.raises(Exception, match="closed"):
+            dealer.try_send([b"x"])
+
+    try:
+        run(main)
+        t.join(30)
+        assert got == [[b"hi"]]
+    finally:
+        for s in accepted:
+            s.close()
+        server.close()
+        path.unlink(missing_ok=True)
+
+
+def test_policy_error_when_the_client_is_closed_while_waiting_to_connect() -> None:
+    async def main() -> None:
+        client = PolicyClient("stream+ipc:///tmp/robotd-nobody-here.sock", timeout_s=30)
+
+        async def close_soon() -> None:
+            await anyio.wait_all_tasks_blocked()  # connect() waits for a worker
+            await client.close()
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(close_soon)
+            with anyio.fail_after(20), pytest.raises(PolicyError, match="closed"):
+                await client.connect()
+
+    run(main)
