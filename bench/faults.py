@@ -90,7 +90,7 @@ class Log:
 
 class Worker:
     def __init__(self, root: Path, copies: int) -> None:
-        self.endpoint = f"ipc://{root}/w.sock"
+        self.endpoint = f"stream+ipc://{root}/w.sock"  # as the daemon's own local worker
         self.copies = copies
         self.log = (root / "worker.log").open("a")
         self.proc: subprocess.Popen[bytes] | None = None
@@ -106,22 +106,22 @@ class Worker:
             time.sleep(0.05)
 
     def ping(self, episode: str | None = None) -> dict[str, Any] | None:
-        import zmq
+        """The worker's heartbeat (None: no answer within 2 s)."""
+        import anyio
 
-        from robotd import wire
+        from robotd.link.client import PolicyClient, PolicyError
 
-        sock = zmq.Context.instance().socket(zmq.DEALER)
-        sock.setsockopt(zmq.LINGER, 0)
-        try:
-            sock.connect(self.endpoint)
-            msg = {"id": 1, "cmd": "ping", **({"episode": episode} if episode else {})}
-            sock.send(wire.packb(msg))
-            if not sock.poll(2000):
+        async def one() -> dict[str, Any] | None:
+            client = PolicyClient(self.endpoint, timeout_s=2)
+            try:
+                await client.connect()
+                return await client.ping(episode, timeout_s=2)
+            except (TimeoutError, PolicyError):
                 return None
-            reply = wire.unpackb(sock.recv())
-            return reply.get("result") if reply.get("ok") else None
-        finally:
-            sock.close()
+            finally:
+                await client.close()
+
+        return anyio.run(one)
 
     def ready(self) -> int:
         got = self.ping()

@@ -4,8 +4,10 @@ bare DEALER that pipelines requests to it (for tests/test_copies.py)."""
 from __future__ import annotations
 
 import os
+import select
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -16,6 +18,7 @@ from typing import Any
 import zmq
 
 from robotd import wire
+from robotd.stream.framing import FrameReader, StreamBroken, head
 
 ROOT = Path(__file__).resolve().parents[1]
 TESTS = Path(__file__).resolve().parent
@@ -35,32 +38,78 @@ def wait_for(predicate: Any, what: str, timeout: float = DEADLINE_S, every: floa
 
 
 class Client:
-    """A DEALER on a worker's act socket; replies are matched by id."""
+    """A DEALER on a worker's act socket (or, for stream+ipc://, a plain Unix socket
+    framed by hand, dialled again whenever the worker has gone); replies matched by id."""
 
     def __init__(self, endpoint: str) -> None:
+        self.rid = 0
+        self.replies: dict[Any, dict[str, Any]] = {}
+        self.path = endpoint.removeprefix("stream+ipc://") if endpoint.startswith("stream+") else ""
+        self.raw: socket.socket | None = None
+        if self.path:
+            return
         self.ctx = zmq.Context()
         self.sock = self.ctx.socket(zmq.DEALER)
         self.sock.setsockopt(zmq.LINGER, 0)
         self.sock.connect(endpoint)
-        self.rid = 0
-        self.replies: dict[Any, dict[str, Any]] = {}
 
     def send(self, msg: dict[str, Any]) -> int:
         self.rid += 1
-        self.sock.send(wire.packb({"id": self.rid, **msg}))
+        self.send_raw(wire.packb({"id": self.rid, **msg}))
         return self.rid
 
     def send_raw(self, body: bytes) -> None:
-        self.sock.send(body)
+        if not self.path:
+            self.sock.send(body)
+            return
+        # As a DEALER queues a message until its peer is there: dial until the worker is.
+        raw = wait_for(self._dial, f"the worker at {self.path} to listen")
+        try:
+            raw.sendall(head([len(body)]) + body)
+        except OSError:  # the worker went: as a DEALER, the message is lost; dial again
+            self._hang_up()
 
     def recv(self, rid: Any, timeout: float = DEADLINE_S) -> dict[str, Any]:
         deadline = time.monotonic() + timeout
         while rid not in self.replies:
             left = deadline - time.monotonic()
-            assert left > 0 and self.sock.poll(int(left * 1e3) + 1), f"no reply to {rid}"
-            reply = wire.unpackb(self.sock.recv())
-            self.replies[reply.get("id")] = reply
+            assert left > 0, f"no reply to {rid}"
+            for body in self._receive(left):
+                reply = wire.unpackb(body)
+                self.replies[reply.get("id")] = reply
         return self.replies.pop(rid)
+
+    def _receive(self, left: float) -> list[Any]:
+        if not self.path:
+            assert self.sock.poll(int(left * 1e3) + 1), "no reply"
+            return [self.sock.recv()]
+        raw = self.raw
+        if raw is None:  # the request went down with its connection: no reply will come
+            time.sleep(min(left, 0.05))
+            return []
+        if not select.select([raw], [], [], left)[0]:
+            return []
+        try:
+            return [frames[0] for frames in self._reader.receive(_NoWait(raw))]
+        except StreamBroken:
+            self._hang_up()
+            return []
+
+    def _dial(self) -> socket.socket | None:
+        if self.raw is None:
+            raw = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            try:
+                raw.connect(self.path)
+            except OSError:
+                raw.close()
+                return None
+            self.raw, self._reader = raw, FrameReader(wire.MAX_MESSAGE_BYTES)
+        return self.raw
+
+    def _hang_up(self) -> None:
+        if self.raw is not None:
+            self.raw.close()
+            self.raw = None
 
     def request(self, msg: dict[str, Any], timeout: float = DEADLINE_S) -> dict[str, Any]:
         return self.recv(self.send(msg), timeout)
@@ -79,8 +128,21 @@ class Client:
         return reply["result"]
 
     def close(self) -> None:
+        if self.path:
+            self._hang_up()
+            return
         self.sock.close()
         self.ctx.term()
+
+
+class _NoWait:
+    """A blocking socket read without waiting, as robotd.stream.framing reads."""
+
+    def __init__(self, sock: socket.socket) -> None:
+        self.sock = sock
+
+    def recv_into(self, buf: Any, n: int = 0) -> int:
+        return self.sock.recv_into(buf, n, socket.MSG_DONTWAIT)
 
 
 class Worker:

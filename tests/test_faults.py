@@ -32,7 +32,7 @@ class Worker:
 
     def __init__(self, root: Path, policy: str = "fault_policies:Recorder") -> None:
         self.root = root
-        self.endpoint = f"ipc://{root}/w.sock"
+        self.endpoint = f"stream+ipc://{root}/w.sock"  # as the daemon's own local worker
         self.acts_path = root / "acts.jsonl"
         self.policy = policy
         self.proc: subprocess.Popen[str] | None = None

@@ -374,7 +374,7 @@ def test_acts_in_flight_are_matched_by_id(windowed: str) -> None:
 
 
 def test_socket_answers_while_the_policy_computes(windowed: str, sockdir: Path) -> None:
-    fifo = sockdir / "gate.fifo"
+    fifo = sockdir / f"gate-{Path(windowed).parent.name}.fifo"  # one per transport
     os.mkfifo(fifo)
 
     async def main() -> None:

@@ -20,6 +20,8 @@ from collections import deque
 from collections.abc import Sequence
 from typing import Any
 
+import numpy as np
+
 from robotd import framed
 
 COUNT = struct.Struct("<I")
@@ -28,7 +30,18 @@ SCRATCH = 64 << 10  # the staging buffer: prefixes and small frames are read thr
 PREFIX_READ = 4096  # one read for a prefix (and what follows it, up to this)
 DIRECT = 16 << 10  # a frame with this much still to come is read straight into its buffer
 READS_PER_TURN = 64  # reads per `receive`: one peer's flood cannot hold a poll loop
+LAZY = 64 << 10  # frames this large are allocated uninitialised (`_buffer`)
 IOV_MAX = 512  # views per sendmsg (the kernel's limit is 1024)
+
+
+Frame = bytearray | np.ndarray  # a frame as read: small ones bytearrays, large ones uint8
+
+
+def _buffer(n: int) -> Frame:
+    """Memory for a frame of n bytes. A large one is left uninitialised, so the kernel
+    gives it pages only as bytes arrive: a prefix that claims a 1 GiB frame and sends
+    nothing costs nothing (a bytearray would be zeroed, every page touched, at once)."""
+    return bytearray(n) if n < LAZY else np.empty(n, dtype=np.uint8)
 
 
 class StreamBroken(Exception):
@@ -53,7 +66,13 @@ class FrameWriter:
 
     def __init__(self) -> None:
         self._out: deque[memoryview] = deque()
+        self._sizes: deque[int] = deque()  # bytes still to write, message by message
         self.pending_bytes = 0
+
+    @property
+    def backlog_bytes(self) -> int:
+        """Bytes waiting behind the message being written."""
+        return self.pending_bytes - self._sizes[0] if self._sizes else 0
 
     @property
     def wants_write(self) -> bool:
@@ -66,7 +85,9 @@ class FrameWriter:
         prefix = memoryview(head([v.nbytes for v in body]))
         self._out.append(prefix)
         self._out.extend(body)
-        self.pending_bytes += prefix.nbytes + sum(v.nbytes for v in body)
+        size = prefix.nbytes + sum(v.nbytes for v in body)
+        self._sizes.append(size)
+        self.pending_bytes += size
 
     def flush(self, sock: Any) -> None:
         """Write what waits as far as `sock` (non-blocking) takes it; OSError (other than
@@ -79,6 +100,7 @@ class FrameWriter:
             except (BlockingIOError, InterruptedError):
                 return
             self.pending_bytes -= sent
+            self._written(sent)
             while sent:
                 first = out[0]
                 if sent >= first.nbytes:
@@ -88,29 +110,40 @@ class FrameWriter:
                     out[0] = first[sent:]
                     sent = 0
 
+    def _written(self, sent: int) -> None:
+        sizes = self._sizes
+        while sent and sizes:
+            if sent >= sizes[0]:
+                sent -= sizes.popleft()
+            else:
+                sizes[0] -= sent
+                sent = 0
+
     def clear(self) -> None:
         self._out.clear()
+        self._sizes.clear()
         self.pending_bytes = 0
 
 
 class FrameReader:
-    """The messages arriving on one socket, each a list of bytearrays (one per frame)."""
+    """The messages arriving on one socket, each a list of frames: bytearrays, or 1-D uint8
+    arrays for large ones (both buffers)."""
 
     def __init__(self, max_bytes: int) -> None:
         self.max_bytes = max_bytes
         self._scratch = bytearray(SCRATCH)
         self._prefix = bytearray()  # the prefix read so far
         self._need = COUNT.size  # prefix bytes wanted before it can be parsed further
-        self._frames: list[bytearray] = []  # the message being filled
+        self._frames: list[Frame] = []  # the message being filled
         self._index = 0  # the frame being filled
         self._got = 0  # bytes of it read
         self.received_bytes = 0
 
-    def receive(self, sock: Any) -> list[list[bytearray]]:
+    def receive(self, sock: Any) -> list[list[Frame]]:
         """Read what `sock` (non-blocking) has, bounded per call; the messages completed.
         StreamBroken at the peer's end (after the messages completed before it) or when
         it broke the framing."""
-        done: list[list[bytearray]] = []
+        done: list[list[Frame]] = []
         for _ in range(READS_PER_TURN):
             frame = self._frames[self._index] if self._index < len(self._frames) else None
             direct = frame is not None and len(frame) - self._got >= DIRECT
@@ -138,12 +171,12 @@ class FrameReader:
                 self._consume(memoryview(self._scratch)[:n], done)
         return done
 
-    def _small_read(self, frame: bytearray | None) -> int:
+    def _small_read(self, frame: Frame | None) -> int:
         if frame is None:
             return PREFIX_READ
         return min(SCRATCH, len(frame) - self._got + PREFIX_READ)
 
-    def _consume(self, data: memoryview, done: list[list[bytearray]]) -> None:
+    def _consume(self, data: memoryview, done: list[list[Frame]]) -> None:
         while data:
             if self._index >= len(self._frames):  # in the prefix
                 take = min(len(data), self._need - len(self._prefix))
@@ -154,12 +187,12 @@ class FrameReader:
                 continue
             frame = self._frames[self._index]
             take = min(len(data), len(frame) - self._got)
-            frame[self._got : self._got + take] = data[:take]
+            memoryview(frame)[self._got : self._got + take] = data[:take]
             self._got += take
             data = data[take:]
             self._advance(done)
 
-    def _parse_prefix(self, done: list[list[bytearray]]) -> None:
+    def _parse_prefix(self, done: list[list[Frame]]) -> None:
         (count,) = COUNT.unpack_from(self._prefix)
         if not 1 <= count <= framed.MAX_FRAMES:
             raise StreamBroken(f"the stream broke: a message of {count} frames")
@@ -173,11 +206,11 @@ class FrameReader:
             raise StreamBroken(
                 f"the stream broke: a message of {total} bytes, over {self.max_bytes}"
             )
-        self._frames = [bytearray(n) for n in lengths]
+        self._frames = [_buffer(n) for n in lengths]
         self._index = self._got = 0
         self._advance(done)
 
-    def _advance(self, done: list[list[bytearray]]) -> None:
+    def _advance(self, done: list[list[Frame]]) -> None:
         """Step past the frames filled; hand out the message once all are."""
         frames = self._frames
         while self._index < len(frames) and self._got == len(frames[self._index]):

@@ -10,7 +10,9 @@ ready to `receive`.
 
 Peers are hostile until checked: at most MAX_PEERS at once (more are closed at accept), a
 message over `max_message_bytes` or a broken prefix closes its peer, reads are bounded per
-turn, and a peer that does not read its replies is closed once MAX_PENDING bytes wait.
+turn, and a reply to a peer that does not read its replies is dropped (counted, logged)
+while more than MAX_PENDING bytes wait behind the one being written, as a ROUTER drops
+messages past its high-water mark: a slow reader of one huge reply keeps its connection.
 """
 
 from __future__ import annotations
@@ -45,6 +47,7 @@ class _Peer:
     identity: bytes
     reader: FrameReader
     writer: FrameWriter = field(default_factory=FrameWriter)
+    dropped: int = 0  # replies not queued: over MAX_PENDING waited behind the one in progress
 
 
 class StreamRouter:
@@ -120,8 +123,16 @@ class StreamRouter:
         peer = self._by_identity.get(bytes(frames[0]))
         if peer is None:
             return
-        if peer.writer.pending_bytes > MAX_PENDING:
-            self._drop(peer, f"it left over {MAX_PENDING} bytes of replies unread")
+        if peer.writer.backlog_bytes > MAX_PENDING:  # as a ROUTER past its high-water mark
+            peer.dropped += 1
+            if peer.dropped in (1, 10, 100) or peer.dropped % 1000 == 0:
+                log.warning(
+                    "act endpoint %s: a peer reads its replies too slowly: %d dropped "
+                    "(over %d bytes already waiting for it)",
+                    self.endpoint,
+                    peer.dropped,
+                    MAX_PENDING,
+                )
             return
         had = peer.writer.wants_write
         peer.writer.queue(frames[1:])
