@@ -28,7 +28,8 @@ and each figure is the median over `--runs` runs of that run's p50 / p99. With -
 last line is {"native": {"p50_ms", "p99_ms"}, "native_zmq": {...}, "native_isolated": {...},
 "openpi_adapter":
 {...}, "openpi_client": {...}, "zmq_floor": {...}, "adapter_vs_client_p50",
-"native_vs_client_p50", "floor_vs_client_p50"} (ratios of the p50s). Target (issue 10):
+"native_vs_client_p50", "floor_vs_client_p50"} (ratios of the p50s), and
+"native_vs_client_p50_per_run" (each run's own ratio). Target (issue 10):
 native p50 <= 0.5 x openpi_client's, adapter <= 1.1 x.
 """
 
@@ -301,6 +302,11 @@ def main(argv: list[str] | None = None) -> int:
         title=f"act round trip, DROID-like observation, {args.calls} calls x {args.runs} runs",
         digits=3,
     )
+    per_run = [
+        ratio(n["p50_ms"], c["p50_ms"])
+        for n, c in zip(results["native"], results["openpi_client"], strict=True)
+    ]
+    print(f"native / openpi_client p50, run by run (each pair measured back to back): {per_run}")
     native = ratio(summary["native"]["p50_ms"], base)
     adapter = ratio(summary["openpi_adapter"]["p50_ms"], base)
     floor = ratio(summary["zmq_floor"]["p50_ms"], base)
@@ -319,6 +325,7 @@ def main(argv: list[str] | None = None) -> int:
                 "adapter_vs_client_p50": ratio(summary["openpi_adapter"]["p50_ms"], base),
                 "native_vs_client_p50": ratio(summary["native"]["p50_ms"], base),
                 "native_zmq_vs_client_p50": over_zmq,
+                "native_vs_client_p50_per_run": per_run,
                 "floor_vs_client_p50": ratio(summary["zmq_floor"]["p50_ms"], base),
             }
         )

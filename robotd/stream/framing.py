@@ -150,11 +150,13 @@ class FrameReader:
             try:
                 if direct:
                     assert frame is not None
+                    asked = len(frame) - self._got
                     n = sock.recv_into(memoryview(frame)[self._got :])
                 else:
                     # A prefix or a small frame: little at a time, so that a large frame
                     # after it is read straight into its own buffer, not through this one.
-                    n = sock.recv_into(self._scratch, self._small_read(frame))
+                    asked = self._small_read(frame)
+                    n = sock.recv_into(self._scratch, asked)
             except (BlockingIOError, InterruptedError):
                 return done
             except OSError as err:
@@ -169,6 +171,11 @@ class FrameReader:
                 self._advance(done)
             else:
                 self._consume(memoryview(self._scratch)[:n], done)
+            if n < asked and not self._frames and not self._prefix:
+                # Drained at a message's end: stop here rather than pay for a read that
+                # would only say so (a poll wakes us again if more comes). Within a message
+                # keep reading: the rest of it is on its way.
+                break
         return done
 
     def _small_read(self, frame: Frame | None) -> int:
