@@ -30,9 +30,12 @@ class Worker:
     """`robotd serve tests/fault_policies:Recorder` at a fixed endpoint (so that it can be
     killed and started again where the daemon looks for it), two copies, hang_s 1."""
 
-    def __init__(self, root: Path, policy: str = "fault_policies:Recorder") -> None:
+    def __init__(
+        self, root: Path, policy: str = "fault_policies:Recorder", scheme: str = "stream+ipc"
+    ) -> None:
         self.root = root
-        self.endpoint = f"stream+ipc://{root}/w.sock"  # as the daemon's own local worker
+        # stream+ipc: the transport the daemon's own local worker listens on; ipc: ZeroMQ
+        self.endpoint = f"{scheme}://{root}/w.sock"
         self.acts_path = root / "acts.jsonl"
         self.policy = policy
         self.proc: subprocess.Popen[str] | None = None
@@ -246,7 +249,7 @@ def test_params_set_by_the_operator_apply_from_the_next_episode_and_task_reaches
     import tempfile
 
     with tempfile.TemporaryDirectory(prefix="rbt-f-") as tmp:
-        w = Worker(Path(tmp), "fault_policies:Tunable")
+        w = Worker(Path(tmp), "fault_policies:Tunable", scheme="ipc")  # the link over ZeroMQ
         d = Daemon(tmp_path, "--worker", w.endpoint, *LANE)
         client = ControlClient(d.control_endpoint, timeout_s=15)
         try:
