@@ -194,9 +194,9 @@ class Daemon:
             # The lane's last stats come just before its Bye (taken by the bridge).
             with anyio.move_on_after(0.5):
                 await self.routes.lane_done.wait()
-        await sup.stop_all(grace_s=5.0, first=("control",))
-        if self.session is not None:
+        if self.session is not None:  # before the worker stops: its going is no news
             await self.session.close()
+        await sup.stop_all(grace_s=5.0, first=("control",))
         if self.recorder is not None:  # the lane's last messages are in: close the files
             await anyio.to_thread.run_sync(self.recorder.store.close)
 
