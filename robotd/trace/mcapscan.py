@@ -20,6 +20,9 @@ MAGIC = b"\x89MCAP0\r\n"
 OP_HEADER, OP_FOOTER, OP_SCHEMA, OP_CHANNEL, OP_MESSAGE, OP_CHUNK = 1, 2, 3, 4, 5, 6
 OP_MESSAGE_INDEX, OP_METADATA, OP_DATA_END = 0x07, 0x0C, 0x0F
 _KNOWN = set(range(0x01, 0x10))  # the opcodes the MCAP spec defines
+# What the data section may hold outside chunks (the MCAP spec's header, schemas,
+# channels, metadata, attachments and the data end; chunks and their indexes apart)
+_DATA_SECTION = {OP_HEADER, OP_SCHEMA, OP_CHANNEL, 0x09, OP_METADATA, OP_DATA_END}
 _HEAD = struct.Struct("<BQ")
 _MSG = struct.Struct("<HIQQ")
 MAX_RECORD = 1 << 30
@@ -72,8 +75,8 @@ class Stop:
 
 @dataclass(frozen=True)
 class Skipped:
-    """A record outside the chunks (metadata, summary) that does not parse: skipped. The
-    chunks after it are still read; their CRCs and sequence numbers keep them honest."""
+    """A record of the summary section (after the data end) that does not parse: skipped.
+    It holds no messages (those are all in the chunks before it)."""
 
     offset: int
     why: str
@@ -218,6 +221,35 @@ def chunk_records(body: bytes) -> list[Record]:
     return out
 
 
+def _records(op: int, body: bytes, pos: int, data: bool) -> list[Record | Skipped]:
+    """What one record outside the chunks holds (ScanError: the scan stops there).
+
+    No CRC covers these records, their opcode byte included. In the data section a record
+    that is not what that section holds, or does not parse, may be a chunk whose opcode
+    was damaged: it is read as the chunk it is if it passes as one (its CRC), else it ends
+    the scan, so that no chunk is ever passed over without a word. In the summary (after
+    the data end) a record that does not parse is skipped: it holds no messages."""
+    if op == OP_CHUNK:
+        return list(chunk_records(body))
+    if op == OP_MESSAGE:
+        raise ScanError("a message outside a chunk (no CRC covers it)")
+    try:
+        if op == OP_MESSAGE_INDEX:
+            _check_message_index(body)
+            return []
+        if data and (op not in _DATA_SECTION or (op == OP_HEADER and pos != len(MAGIC))):
+            raise ScanError(f"a record of opcode {op:#04x} where the data section has none")
+        parsed = _parse(op, body)
+    except ScanError as exc:
+        if not data:
+            return [Skipped(pos, str(exc))]
+        try:
+            return list(chunk_records(body))  # a chunk whose opcode byte was damaged
+        except ScanError:
+            raise exc from None
+    return [parsed] if parsed is not None else []
+
+
 def scan(f: BinaryIO, size: int) -> Iterator[Record | Skipped | Stop]:
     """Every valid record of an MCAP file in order, then one `Stop`.
 
@@ -226,6 +258,7 @@ def scan(f: BinaryIO, size: int) -> Iterator[Record | Skipped | Stop]:
     if f.read(len(MAGIC)) != MAGIC:
         raise ScanError("not an MCAP file (bad magic)")
     pos = len(MAGIC)
+    data = True  # in the data section (before the data end record)
     while True:
         head = f.read(9)
         if not head:
@@ -242,26 +275,14 @@ def scan(f: BinaryIO, size: int) -> Iterator[Record | Skipped | Stop]:
             yield Stop(pos, size, False, f"a record cut short at byte {pos} ({length} bytes)")
             return
         body = f.read(length)
-        records: list[Record | Skipped] = []
         try:
-            if op == OP_CHUNK:
-                records = list(chunk_records(body))
-            elif op == OP_MESSAGE:
-                raise ScanError("a message outside a chunk (no CRC covers it)")
-            elif op == OP_MESSAGE_INDEX:
-                _check_message_index(body)
-            else:
-                try:
-                    parsed = _parse(op, body)
-                except ScanError as exc:
-                    records = [Skipped(pos, str(exc))]
-                else:
-                    records = [parsed] if parsed is not None else []
+            records = _records(op, body, pos, data)
         except ScanError as exc:
             yield Stop(pos, size, False, f"{exc} at byte {pos}")
             return
         yield from records
         pos += 9 + length
+        data = data and op != OP_DATA_END
         if op == OP_FOOTER:
             tail = f.read(len(MAGIC))
             ok = tail == MAGIC
