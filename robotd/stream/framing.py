@@ -171,10 +171,11 @@ class FrameReader:
                 self._advance(done)
             else:
                 self._consume(memoryview(self._scratch)[:n], done)
-            if n < asked and not self._frames and not self._prefix:
-                # Drained at a message's end: stop here rather than pay for a read that
-                # would only say so (a poll wakes us again if more comes). Within a message
-                # keep reading: the rest of it is on its way.
+            if not self._frames and not self._prefix and (n < asked or done):
+                # At a message's end, drained or with a message to hand out: stop here
+                # rather than pay for a read that would most likely only say "nothing
+                # more" (a poll wakes us again if more comes). Within a message keep
+                # reading: the rest of it is on its way.
                 break
         return done
 
