@@ -203,3 +203,10 @@ def test_robotd_worker_endpoints_are_taken(worker: str) -> None:
 def test_bad_worker_endpoints_are_named(worker: str, needle: str) -> None:
     with pytest.raises(ConfigError, match=re.escape(needle)):
         load_config(None, [f'policy.worker="{worker}"'])
+
+
+def test_the_native_link_is_robotd_and_its_old_name_still_taken() -> None:
+    assert load_config().policy.link == "robotd"
+    assert load_config(None, ['policy.link="zmq"']).policy.link == "robotd"
+    with pytest.raises(ConfigError, match=r"policy\.link"):
+        load_config(None, ['policy.link="grpc"'])

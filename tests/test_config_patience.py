@@ -83,5 +83,5 @@ def test_a_worker_the_daemon_does_not_start_has_no_hang_s_of_ours(path, where: s
 @pytest.mark.parametrize("path", CONFIGS, ids=[p.name for p in CONFIGS])
 def test_every_shipped_config_finds_a_hang_before_it_starves(path: Path):
     cfg = load_config(path)
-    local = cfg.policy.link == "zmq" and not cfg.policy.worker
+    local = cfg.policy.link == "robotd" and not cfg.policy.worker
     assert not local or cfg.policy.hang_s < cfg.control.max_hold_steps / cfg.control.hz

@@ -78,7 +78,7 @@ class Config(_Model):
         HANG_SHARE_OF_PATIENCE of the patience. A remote worker or an openpi server has
         no hang_s of ours (the remote worker's own --hang-s is its business)."""
         p, c = self.policy, self.control
-        if p.link != "zmq" or p.worker:
+        if p.link != "robotd" or p.worker:
             return
         patience = c.max_hold_steps / c.hz
         if p.hang_s < patience:

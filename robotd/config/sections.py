@@ -129,8 +129,10 @@ class OpenpiConfig(OpenpiOptions):
 
 
 class PolicyConfig(_Model):
-    # zmq: robotd's own link to `robotd serve`; openpi: an openpi websocket policy server
-    link: Literal["zmq", "openpi"] = "zmq"
+    # robotd: robotd's own link to `robotd serve` (over its byte stream or ZeroMQ, as the
+    # endpoint says; "zmq", its name before the stream, is taken for it); openpi: an openpi
+    # websocket policy server
+    link: Literal["robotd", "openpi"] = "robotd"
     worker: str = ""  # endpoint of a remote worker (ws://host:8000 for openpi); empty = local
     serve: str = "robotd.demo:DotFollower"  # MODULE:CLASS for the local worker
     args: dict[str, Any] = {}
@@ -154,10 +156,15 @@ class PolicyConfig(_Model):
     actions: dict[str, Any] | None = None
     openpi: OpenpiConfig = OpenpiConfig()
 
+    @field_validator("link", mode="before")
+    @classmethod
+    def _old_link_name(cls, value: Any) -> Any:
+        return "robotd" if value == "zmq" else value
+
     @model_validator(mode="after")
     def _worker_endpoint(self) -> PolicyConfig:
         ep = self.worker
-        if self.link != "zmq" or not ep:
+        if self.link != "robotd" or not ep:
             return self
         if is_stream(ep):
             try:

@@ -214,7 +214,8 @@ def parse_act_result(result: dict[str, Any], episode: str, step: int, rtt_ms: fl
         raise bad_reply("act", f"field 'actions': not a 2-D numeric array ({shape})")
     if rows.shape[0] < 1 or rows.shape[1] < 1:
         raise bad_reply("act", f"field 'actions': empty chunk of shape {rows.shape}")
-    if not np.isfinite(rows).all():  # kept as it came: prepare converts it once
+    # kept as it came: prepare converts it once (the ufunc's reduce: .all() is Python)
+    if rows.dtype.kind == "f" and not np.logical_and.reduce(np.isfinite(rows), axis=None):
         raise bad_reply("act", "field 'actions': holds NaN or infinity")
     if got.step != step:
         raise bad_reply("act", f"field 'step': {got.step!r}, asked for {step}")

@@ -39,7 +39,7 @@ def _raw(name: str = "droid") -> dict[str, Any]:
 
 def test_default_is_the_native_link() -> None:
     cfg = load_config()
-    assert cfg.policy.link == "zmq" and cfg.policy.openpi.inputs == []
+    assert cfg.policy.link == "robotd" and cfg.policy.openpi.inputs == []
 
 
 @pytest.mark.parametrize("name", EXAMPLES)
