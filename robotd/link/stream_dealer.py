@@ -80,8 +80,15 @@ class StreamDealer:
         sock = self._sock
         if sock is None or self._writer.pending_bytes > MAX_QUEUED:
             return False
-        self._writer.queue(frames)
-        self._flush(sock)
+        try:
+            self._writer.write(sock, frames)
+        except OSError as err:
+            self._lost(f"writing failed: {err}")
+            return True
+        if self._writer.wants_write and not self._writing:
+            assert self._loop is not None
+            self._loop.add_writer(sock.fileno(), self._on_writable)
+            self._writing = True
         return True
 
     async def send(self, frames: Sequence[Any], *, copy: bool = False) -> None:

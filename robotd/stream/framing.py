@@ -89,6 +89,34 @@ class FrameWriter:
         self._sizes.append(size)
         self.pending_bytes += size
 
+    def write(self, sock: Any, frames: Sequence[Any]) -> None:
+        """Queue one message and write what `sock` takes now: `queue` then `flush`, with
+        no queue at all when nothing waits and the socket takes the whole message (the
+        usual case, and the act's own path)."""
+        if self._out:
+            self.queue(frames)
+            self.flush(sock)
+            return
+        body = views(frames)
+        lengths = [v.nbytes for v in body]
+        batch = [memoryview(head(lengths)), *body]
+        size = batch[0].nbytes + sum(lengths)
+        try:
+            sent = sock.sendmsg(batch) if len(batch) <= IOV_MAX else 0
+        except (BlockingIOError, InterruptedError):
+            sent = 0
+        if sent == size:
+            return
+        self._sizes.append(size - sent)
+        self.pending_bytes += size - sent
+        for v in batch:
+            if sent >= v.nbytes:
+                sent -= v.nbytes
+                continue
+            self._out.append(v[sent:] if sent else v)
+            sent = 0
+        self.flush(sock)
+
     def flush(self, sock: Any) -> None:
         """Write what waits as far as `sock` (non-blocking) takes it; OSError (other than
         would-block) when the socket failed."""
@@ -144,6 +172,8 @@ class FrameReader:
         StreamBroken at the peer's end (after the messages completed before it) or when
         it broke the framing."""
         done: list[list[Frame]] = []
+        if not self._frames and not self._prefix and self._whole_small(sock, done):
+            return done
         for _ in range(READS_PER_TURN):
             frame = self._frames[self._index] if self._index < len(self._frames) else None
             direct = frame is not None and len(frame) - self._got >= DIRECT
@@ -178,6 +208,35 @@ class FrameReader:
                 # reading: the rest of it is on its way.
                 break
         return done
+
+    def _whole_small(self, sock: Any, done: list[list[Frame]]) -> bool:
+        """Between messages: one read, and if it holds exactly one whole message (a reply,
+        a ping: the usual case), its frames cut straight out of it (True). Otherwise what
+        was read goes the general way, and the caller reads on (False)."""
+        try:
+            n = sock.recv_into(self._scratch, PREFIX_READ)
+        except (BlockingIOError, InterruptedError):
+            return True
+        except OSError as err:
+            raise StreamBroken(f"the stream failed: {err}") from None
+        if n == 0:
+            raise StreamBroken("the peer closed the stream")
+        self.received_bytes += n
+        data = memoryview(self._scratch)[:n]
+        if n >= COUNT.size:
+            (count,) = COUNT.unpack_from(data)
+            start = COUNT.size + LENGTH.size * count
+            if 1 <= count <= 64 and start <= n:
+                lengths = struct.unpack_from(f"<{count}Q", data, COUNT.size)
+                if start + sum(lengths) == n:
+                    frames: list[Frame] = []
+                    for length in lengths:
+                        frames.append(bytearray(data[start : start + length]))
+                        start += length
+                    done.append(frames)
+                    return True
+        self._consume(data, done)
+        return n < PREFIX_READ and not self._frames and not self._prefix
 
     def _small_read(self, frame: Frame | None) -> int:
         if frame is None:

@@ -135,8 +135,13 @@ class StreamRouter:
                 )
             return
         had = peer.writer.wants_write
-        peer.writer.queue(frames[1:])
-        self._flush(peer, had)
+        try:
+            peer.writer.write(peer.sock, frames[1:])
+        except OSError as err:
+            self._drop(peer, f"writing failed: {err}", quiet=True)
+            return
+        if peer.writer.wants_write != had:
+            self.generation += 1
 
     def close(self) -> None:
         for peer in list(self._peers.values()):
