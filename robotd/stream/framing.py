@@ -48,6 +48,17 @@ class StreamBroken(Exception):
     """The peer closed the stream or broke its framing (the message says which)."""
 
 
+def _recv(sock: Any, buf: Any, n: int) -> int | None:
+    """Bytes read into buf (0: the peer's end), None when nothing waits; StreamBroken when
+    the socket failed."""
+    try:
+        return sock.recv_into(buf, n)
+    except (BlockingIOError, InterruptedError):
+        return None
+    except OSError as err:
+        raise StreamBroken(f"the stream failed: {err}") from None
+
+
 def head(lengths: Sequence[int]) -> bytes:
     """A message's prefix for frames of these lengths."""
     return COUNT.pack(len(lengths)) + struct.pack(f"<{len(lengths)}Q", *lengths)
@@ -177,20 +188,17 @@ class FrameReader:
         for _ in range(READS_PER_TURN):
             frame = self._frames[self._index] if self._index < len(self._frames) else None
             direct = frame is not None and len(frame) - self._got >= DIRECT
-            try:
-                if direct:
-                    assert frame is not None
-                    asked = len(frame) - self._got
-                    n = sock.recv_into(memoryview(frame)[self._got :])
-                else:
-                    # A prefix or a small frame: little at a time, so that a large frame
-                    # after it is read straight into its own buffer, not through this one.
-                    asked = self._small_read(frame)
-                    n = sock.recv_into(self._scratch, asked)
-            except (BlockingIOError, InterruptedError):
+            if direct:
+                assert frame is not None
+                asked = len(frame) - self._got
+                n = _recv(sock, memoryview(frame)[self._got :], 0)
+            else:
+                # A prefix or a small frame: little at a time, so that a large frame after
+                # it is read straight into its own buffer, not through this one.
+                asked = self._small_read(frame)
+                n = _recv(sock, self._scratch, asked)
+            if n is None:
                 return done
-            except OSError as err:
-                raise StreamBroken(f"the stream failed: {err}") from None
             if n == 0:
                 if done:
                     return done  # the end is seen again on the next read
@@ -213,12 +221,9 @@ class FrameReader:
         """Between messages: one read, and if it holds exactly one whole message (a reply,
         a ping: the usual case), its frames cut straight out of it (True). Otherwise what
         was read goes the general way, and the caller reads on (False)."""
-        try:
-            n = sock.recv_into(self._scratch, PREFIX_READ)
-        except (BlockingIOError, InterruptedError):
+        n = _recv(sock, self._scratch, PREFIX_READ)
+        if n is None:
             return True
-        except OSError as err:
-            raise StreamBroken(f"the stream failed: {err}") from None
         if n == 0:
             raise StreamBroken("the peer closed the stream")
         self.received_bytes += n
