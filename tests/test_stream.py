@@ -180,30 +180,42 @@ def short(monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
     shutil.rmtree(path, ignore_errors=True)
 
 
-@pytest.fixture
-def stream_worker(short: Path) -> Iterator[str]:
-    """The reference worker serving Echo on a stream endpoint, in a thread of this process
-    (so that a test can lower its limits)."""
+def _serve_echo(endpoint: str) -> tuple[threading.Thread, threading.Event, str]:
+    """The reference worker serving Echo on `endpoint`, in a thread of this process (so
+    that a test can lower its limits): the thread, its stop, the endpoint it bound."""
     bound: list[str] = []
     ready, stop = threading.Event(), threading.Event()
 
-    def on_ready(endpoint: str) -> None:
-        bound.append(endpoint)
+    def on_ready(ep_bound: str) -> None:
+        bound.append(ep_bound)
         ready.set()
 
     thread = threading.Thread(
         target=serve,
-        args=("echo_policy:Echo", f"stream+ipc://{short}/w.sock"),
+        args=("echo_policy:Echo", endpoint),
         kwargs={"ready": on_ready, "stop": stop},
         daemon=True,
     )
     thread.start()
     assert ready.wait(30), "the worker did not start"
-    yield bound[0]
+    return thread, stop, bound[0]
+
+
+@pytest.fixture
+def stream_worker(short: Path) -> Iterator[str]:
+    thread, stop, bound = _serve_echo(f"stream+ipc://{short}/w.sock")
+    yield bound
     stop.set()
     thread.join(30)
     assert not thread.is_alive()
     assert not (short / "w.sock").exists()
+
+
+def _peer(path: Path) -> socket.socket:
+    """A bare connection to the worker's socket, nothing of robotd's client in the way."""
+    s = socket.socket(socket.AF_UNIX)
+    s.connect(str(path))
+    return s
 
 
 def _act(client: PolicyClient, step: int, v: float) -> Any:
@@ -218,8 +230,7 @@ def test_a_hostile_peer_is_closed_and_the_others_are_served(stream_worker: str) 
         client = PolicyClient(stream_worker, timeout_s=20)
         await client.connect()
         for junk in (struct.pack("<I", 0), struct.pack("<IQ", 1, 1 << 40), b"\xff" * 64):
-            bad = socket.socket(socket.AF_UNIX)
-            bad.connect(str(path))
+            bad = _peer(path)
             bad.sendall(junk)
             bad.settimeout(20)
             assert bad.recv(16) == b""  # closed by the worker, nothing answered
@@ -246,8 +257,7 @@ def test_a_frame_claimed_but_not_sent_costs_no_memory(stream_worker: str) -> Non
         before = _rss_bytes()
         claims = []
         for _ in range(4):  # 4 x 768 MiB claimed, 1 kB each sent
-            s = socket.socket(socket.AF_UNIX)
-            s.connect(str(path))
+            s = _peer(path)
             s.sendall(struct.pack("<IQ", 1, 768 << 20) + bytes(1000))
             claims.append(s)
         # The worker reads a peer's bytes in the pass that finds them, before later ones.
@@ -273,12 +283,10 @@ def test_peers_over_the_limit_are_refused_and_the_first_still_served(
         await client.connect()  # peer 1
         extra = []
         for _ in range(2):  # peers 2 and 3
-            s = socket.socket(socket.AF_UNIX)
-            s.connect(str(path))
+            s = _peer(path)
             extra.append(s)
         await _act(client, 1, 1.0)  # the worker has accepted them all by now
-        over = socket.socket(socket.AF_UNIX)
-        over.connect(str(path))  # accepted by the kernel, closed by the worker
+        over = _peer(path)  # accepted by the kernel, closed by the worker
         over.settimeout(20)
         assert over.recv(16) == b""
         assert (await _act(client, 2, 3.0)).actions[0, 0] == 3.0
@@ -380,20 +388,8 @@ def test_the_client_finds_a_restarted_worker_again(short: Path) -> None:
     path: the call meanwhile times out (never hangs), the next one is answered."""
     endpoint = f"stream+ipc://{short}/w.sock"
 
-    def start() -> tuple[threading.Thread, threading.Event]:
-        ready, stop = threading.Event(), threading.Event()
-        t = threading.Thread(
-            target=serve,
-            args=("echo_policy:Echo", endpoint),
-            kwargs={"ready": lambda _ep: ready.set(), "stop": stop},
-            daemon=True,
-        )
-        t.start()
-        assert ready.wait(30)
-        return t, stop
-
     async def main() -> None:
-        thread, stop = start()
+        thread, stop, _ = _serve_echo(endpoint)
         client = PolicyClient(endpoint, timeout_s=20)
         await client.connect()
         assert (await _act(client, 1, 1.0)).actions[0, 0] == 1.0
@@ -401,7 +397,7 @@ def test_the_client_finds_a_restarted_worker_again(short: Path) -> None:
         await anyio.to_thread.run_sync(thread.join, 30)
         with pytest.raises(TimeoutError):
             await client.act("S", 2, [2], [{"v": 2.0}], timeout_s=0.5)
-        thread, stop = start()
+        thread, stop, _ = _serve_echo(endpoint)
         with anyio.fail_after(30):
             while True:  # redialled within RECONNECT_S of the worker binding again
                 try:

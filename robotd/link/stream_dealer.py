@@ -80,15 +80,7 @@ class StreamDealer:
         sock = self._sock
         if sock is None or self._writer.pending_bytes > MAX_QUEUED:
             return False
-        try:
-            self._writer.write(sock, frames)
-        except OSError as err:
-            self._lost(f"writing failed: {err}")
-            return True
-        if self._writer.wants_write and not self._writing:
-            assert self._loop is not None
-            self._loop.add_writer(sock.fileno(), self._on_writable)
-            self._writing = True
+        self._write(sock, frames)
         return True
 
     async def send(self, frames: Sequence[Any], *, copy: bool = False) -> None:
@@ -183,9 +175,14 @@ class StreamDealer:
             except Exception:  # a bug in the handler must not kill the loop's callback
                 log.exception("handling a message from %s failed", self.endpoint)
 
-    def _flush(self, sock: socket.socket) -> None:
+    def _write(self, sock: socket.socket, frames: Sequence[Any] | None = None) -> None:
+        """Write `frames` (None: what waits) as far as the socket takes them; the loop
+        watches the socket for room while anything waits."""
         try:
-            self._writer.flush(sock)
+            if frames is None:
+                self._writer.flush(sock)
+            else:
+                self._writer.write(sock, frames)
         except OSError as err:
             self._lost(f"writing failed: {err}")
             return
@@ -202,7 +199,7 @@ class StreamDealer:
 
     def _on_writable(self) -> None:
         if self._sock is not None:
-            self._flush(self._sock)
+            self._write(self._sock)
 
     def _wake(self) -> None:
         if self._writable is not None:

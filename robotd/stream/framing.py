@@ -48,6 +48,10 @@ class StreamBroken(Exception):
     """The peer closed the stream or broke its framing (the message says which)."""
 
 
+class StreamEnded(StreamBroken):
+    """The peer closed the stream, between messages or in one (no framing was broken)."""
+
+
 def _recv(sock: Any, buf: Any, n: int) -> int | None:
     """Bytes read into buf (0: the peer's end), None when nothing waits; StreamBroken when
     the socket failed."""
@@ -64,12 +68,23 @@ def head(lengths: Sequence[int]) -> bytes:
     return COUNT.pack(len(lengths)) + struct.pack(f"<{len(lengths)}Q", *lengths)
 
 
-def views(frames: Sequence[Any]) -> list[memoryview]:
-    """The frames as byte views; ValueError for a count out of range."""
-    out = [memoryview(f).cast("B") for f in frames]
-    if not 1 <= len(out) <= framed.MAX_FRAMES:
-        raise ValueError(f"a message of {len(out)} frames (1..{framed.MAX_FRAMES})")
-    return out
+def _message(frames: Sequence[Any]) -> list[memoryview]:
+    """A message as it goes on the stream: its prefix, then its frames as byte views
+    (ValueError for a frame count out of range)."""
+    body = [memoryview(f).cast("B") for f in frames]
+    if not 1 <= len(body) <= framed.MAX_FRAMES:
+        raise ValueError(f"a message of {len(body)} frames (1..{framed.MAX_FRAMES})")
+    return [memoryview(head([v.nbytes for v in body])), *body]
+
+
+def _send(sock: Any, batch: list[memoryview]) -> int:
+    """Bytes of `batch` the non-blocking `sock` took (0: none now; OSError: it failed)."""
+    if len(batch) > IOV_MAX:
+        batch = batch[:IOV_MAX]
+    try:
+        return sock.sendmsg(batch)
+    except (BlockingIOError, InterruptedError):
+        return 0
 
 
 class FrameWriter:
@@ -92,62 +107,49 @@ class FrameWriter:
 
     def queue(self, frames: Sequence[Any]) -> None:
         """Queue one message (ValueError for a frame count out of range)."""
-        body = views(frames)
-        prefix = memoryview(head([v.nbytes for v in body]))
-        self._out.append(prefix)
-        self._out.extend(body)
-        size = prefix.nbytes + sum(v.nbytes for v in body)
-        self._sizes.append(size)
-        self.pending_bytes += size
+        self._queue(_message(frames), 0)
 
     def write(self, sock: Any, frames: Sequence[Any]) -> None:
-        """Queue one message and write what `sock` takes now: `queue` then `flush`, with
-        no queue at all when nothing waits and the socket takes the whole message (the
-        usual case, and the act's own path)."""
-        if self._out:
-            self.queue(frames)
+        """Queue one message and write what `sock` takes now, as `queue` then `flush` do;
+        with nothing waiting, the message goes straight from its frames, unqueued when the
+        socket takes it whole (the usual case, and the act's own path)."""
+        batch = _message(frames)
+        sent = 0 if self._out else _send(sock, batch)
+        if sent < sum(v.nbytes for v in batch):
+            self._queue(batch, sent)
             self.flush(sock)
-            return
-        body = views(frames)
-        lengths = [v.nbytes for v in body]
-        batch = [memoryview(head(lengths)), *body]
-        size = batch[0].nbytes + sum(lengths)
-        try:
-            sent = sock.sendmsg(batch) if len(batch) <= IOV_MAX else 0
-        except (BlockingIOError, InterruptedError):
-            sent = 0
-        if sent == size:
-            return
-        self._sizes.append(size - sent)
-        self.pending_bytes += size - sent
-        for v in batch:
-            if sent >= v.nbytes:
-                sent -= v.nbytes
-                continue
-            self._out.append(v[sent:] if sent else v)
-            sent = 0
-        self.flush(sock)
 
     def flush(self, sock: Any) -> None:
         """Write what waits as far as `sock` (non-blocking) takes it; OSError (other than
         would-block) when the socket failed."""
         out = self._out
         while out:
-            batch = [out[i] for i in range(min(len(out), IOV_MAX))]
-            try:
-                sent = sock.sendmsg(batch)
-            except (BlockingIOError, InterruptedError):
+            sent = _send(sock, [out[i] for i in range(min(len(out), IOV_MAX))])
+            if not sent:
                 return
-            self.pending_bytes -= sent
-            self._written(sent)
-            while sent:
-                first = out[0]
-                if sent >= first.nbytes:
-                    sent -= first.nbytes
-                    out.popleft()
-                else:
-                    out[0] = first[sent:]
-                    sent = 0
+            self._sent(sent)
+
+    def _queue(self, batch: list[memoryview], sent: int) -> None:
+        """`batch` (a prefix and its frames) waits, but for the `sent` bytes of it written."""
+        size = sum(v.nbytes for v in batch)
+        self._out.extend(batch)
+        self._sizes.append(size)
+        self.pending_bytes += size
+        self._sent(sent)
+
+    def _sent(self, sent: int) -> None:
+        """`sent` bytes of the oldest waiting ones were written: drop them."""
+        self.pending_bytes -= sent
+        self._written(sent)
+        out = self._out
+        while sent:
+            first = out[0]
+            if sent >= first.nbytes:
+                sent -= first.nbytes
+                out.popleft()
+            else:
+                out[0] = first[sent:]
+                sent = 0
 
     def _written(self, sent: int) -> None:
         sizes = self._sizes
@@ -183,8 +185,6 @@ class FrameReader:
         StreamBroken at the peer's end (after the messages completed before it) or when
         it broke the framing."""
         done: list[list[Frame]] = []
-        if not self._frames and not self._prefix and self._whole_small(sock, done):
-            return done
         for _ in range(READS_PER_TURN):
             frame = self._frames[self._index] if self._index < len(self._frames) else None
             direct = frame is not None and len(frame) - self._got >= DIRECT
@@ -202,7 +202,7 @@ class FrameReader:
             if n == 0:
                 if done:
                     return done  # the end is seen again on the next read
-                raise StreamBroken("the peer closed the stream")
+                raise StreamEnded("the peer closed the stream")
             self.received_bytes += n
             if direct:
                 self._got += n
@@ -217,32 +217,6 @@ class FrameReader:
                 break
         return done
 
-    def _whole_small(self, sock: Any, done: list[list[Frame]]) -> bool:
-        """Between messages: one read, and if it holds exactly one whole message (a reply,
-        a ping: the usual case), its frames cut straight out of it (True). Otherwise what
-        was read goes the general way, and the caller reads on (False)."""
-        n = _recv(sock, self._scratch, PREFIX_READ)
-        if n is None:
-            return True
-        if n == 0:
-            raise StreamBroken("the peer closed the stream")
-        self.received_bytes += n
-        data = memoryview(self._scratch)[:n]
-        if n >= COUNT.size:
-            (count,) = COUNT.unpack_from(data)
-            start = COUNT.size + LENGTH.size * count
-            if 1 <= count <= 64 and start <= n:
-                lengths = struct.unpack_from(f"<{count}Q", data, COUNT.size)
-                if start + sum(lengths) == n:
-                    frames: list[Frame] = []
-                    for length in lengths:
-                        frames.append(bytearray(data[start : start + length]))
-                        start += length
-                    done.append(frames)
-                    return True
-        self._consume(data, done)
-        return n < PREFIX_READ and not self._frames and not self._prefix
-
     def _small_read(self, frame: Frame | None) -> int:
         if frame is None:
             return PREFIX_READ
@@ -250,6 +224,10 @@ class FrameReader:
 
     def _consume(self, data: memoryview, done: list[list[Frame]]) -> None:
         while data:
+            if not self._frames and not self._prefix:  # between messages
+                data = self._whole(data, done)
+                if not data:
+                    return
             if self._index >= len(self._frames):  # in the prefix
                 take = min(len(data), self._need - len(self._prefix))
                 self._prefix += data[:take]
@@ -264,20 +242,45 @@ class FrameReader:
             data = data[take:]
             self._advance(done)
 
-    def _parse_prefix(self, done: list[list[Frame]]) -> None:
-        (count,) = COUNT.unpack_from(self._prefix)
+    def _whole(self, data: memoryview, done: list[list[Frame]]) -> memoryview:
+        """The messages wholly in `data`, from its start, cut straight out of it (replies
+        and pings come so: one read, one message); what follows them is returned."""
+        while True:
+            lengths = self._lengths(data)
+            start = COUNT.size + LENGTH.size * len(lengths) if lengths is not None else 0
+            if lengths is None or start + sum(lengths) > len(data):
+                return data
+            frames: list[Frame] = []
+            for n in lengths:
+                frames.append(bytearray(data[start : start + n]))
+                start += n
+            done.append(frames)
+            data = data[start:]
+
+    def _lengths(self, prefix: bytes | bytearray | memoryview) -> tuple[int, ...] | None:
+        """The frame lengths a message's prefix declares (None: the prefix is not all
+        there yet); StreamBroken for a count out of range or a total over max_bytes."""
+        if len(prefix) < COUNT.size:
+            return None
+        (count,) = COUNT.unpack_from(prefix)
         if not 1 <= count <= framed.MAX_FRAMES:
             raise StreamBroken(f"the stream broke: a message of {count} frames")
-        want = COUNT.size + LENGTH.size * count
-        if len(self._prefix) < want:
-            self._need = want
-            return
-        lengths = struct.unpack_from(f"<{count}Q", self._prefix, COUNT.size)
+        if len(prefix) < COUNT.size + LENGTH.size * count:
+            return None
+        lengths = struct.unpack_from(f"<{count}Q", prefix, COUNT.size)
         total = sum(lengths)
         if total > self.max_bytes:
             raise StreamBroken(
                 f"the stream broke: a message of {total} bytes, over {self.max_bytes}"
             )
+        return lengths
+
+    def _parse_prefix(self, done: list[list[Frame]]) -> None:
+        lengths = self._lengths(self._prefix)
+        if lengths is None:  # the count is in: now its lengths are wanted
+            (count,) = COUNT.unpack_from(self._prefix)
+            self._need = COUNT.size + LENGTH.size * count
+            return
         self._frames = [_buffer(n) for n in lengths]
         self._index = self._got = 0
         self._advance(done)

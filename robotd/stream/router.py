@@ -30,7 +30,7 @@ from typing import Any
 import zmq
 
 from robotd.stream import endpoint as ep
-from robotd.stream.framing import FrameReader, FrameWriter, StreamBroken
+from robotd.stream.framing import FrameReader, FrameWriter, StreamBroken, StreamEnded
 
 log = logging.getLogger("robotd.worker")
 
@@ -108,12 +108,12 @@ class StreamRouter:
             if not events:
                 continue
             if events & POLLOUT:
-                self._flush(peer)
+                self._write(peer)
             if events & (POLLIN | POLLERR) and fd in self._peers:
                 try:
                     messages = peer.reader.receive(peer.sock)
                 except StreamBroken as why:
-                    self._drop(peer, str(why), quiet="closed the stream" in str(why))
+                    self._drop(peer, str(why), quiet=isinstance(why, StreamEnded))
                     continue
                 out.extend([peer.identity, *frames] for frames in messages)
         return out
@@ -125,7 +125,7 @@ class StreamRouter:
             return
         if peer.writer.backlog_bytes > MAX_PENDING:  # as a ROUTER past its high-water mark
             peer.dropped += 1
-            if peer.dropped in (1, 10, 100) or peer.dropped % 1000 == 0:
+            if _worth_a_line(peer.dropped):
                 log.warning(
                     "act endpoint %s: a peer reads its replies too slowly: %d dropped "
                     "(over %d bytes already waiting for it)",
@@ -134,14 +134,7 @@ class StreamRouter:
                     MAX_PENDING,
                 )
             return
-        had = peer.writer.wants_write
-        try:
-            peer.writer.write(peer.sock, frames[1:])
-        except OSError as err:
-            self._drop(peer, f"writing failed: {err}", quiet=True)
-            return
-        if peer.writer.wants_write != had:
-            self.generation += 1
+        self._write(peer, frames[1:])
 
     def close(self) -> None:
         for peer in list(self._peers.values()):
@@ -166,7 +159,7 @@ class StreamRouter:
                 return
             if len(self._peers) >= MAX_PEERS:
                 self.refused_peers += 1
-                if self.refused_peers in (1, 10, 100) or self.refused_peers % 1000 == 0:
+                if _worth_a_line(self.refused_peers):
                     log.warning(
                         "act endpoint %s: refused a connection: %d peers already (%d refused)",
                         self.endpoint,
@@ -184,10 +177,14 @@ class StreamRouter:
             self._by_identity[identity] = peer
             self.generation += 1
 
-    def _flush(self, peer: _Peer, had: bool = True) -> None:
-        """Write what waits; `had`: output waited before (POLLOUT was asked for)."""
+    def _write(self, peer: _Peer, frames: Sequence[Any] | None = None) -> None:
+        """Write `frames` (None: what waits) as far as the peer's socket takes them."""
+        had = peer.writer.wants_write
         try:
-            peer.writer.flush(peer.sock)
+            if frames is None:
+                peer.writer.flush(peer.sock)
+            else:
+                peer.writer.write(peer.sock, frames)
         except OSError as err:
             self._drop(peer, f"writing failed: {err}", quiet=True)
             return
@@ -202,6 +199,11 @@ class StreamRouter:
         peer.writer.clear()
         peer.sock.close()
         self.generation += 1
+
+
+def _worth_a_line(count: int) -> bool:
+    """Log the 1st, 10th, 100th and every 1000th of a repeated event, not each."""
+    return count in (1, 10, 100) or count % 1000 == 0
 
 
 def _is_socket(path: str) -> bool:

@@ -12,6 +12,7 @@ from typing import Any
 import numpy as np
 
 from robotd.contract import MAX_STREAMS
+from robotd.stream.endpoint import is_stream, zmq_equivalent
 from robotd.worker.frame import Frame
 
 MAX_STEPS = 65536
@@ -177,8 +178,8 @@ def observe_endpoint(bind: str) -> str:
     """The observe endpoint that goes with act endpoint `bind`: ipc `x.sock` -> `x-o.sock`,
     tcp port P -> P + 1 (port 0 stays 0: any free port), inproc `n` -> `n-observe`; for
     stream+ipc:// and stream+tcp:// the same ZeroMQ endpoints (uploads are ZeroMQ)."""
-    if bind.startswith("stream+"):  # the act link on a byte stream; uploads stay ZeroMQ
-        return observe_endpoint(bind.removeprefix("stream+"))
+    if is_stream(bind):  # the act link on a byte stream; uploads stay ZeroMQ
+        return observe_endpoint(zmq_equivalent(bind))
     if bind.startswith("ipc://"):
         path = Path(bind[len("ipc://") :])
         return "ipc://" + str(path.with_name(f"{path.stem}-o{path.suffix}"))

@@ -18,8 +18,9 @@ from typing import Any
 
 from robotd.config import Config
 from robotd.contract import Actions, Observations, Stream
-from robotd.lane.messages import ActFailed, Ask, ChunkRows, Rows
+from robotd.lane.messages import Ask, ChunkRows, Rows
 from robotd.link.chunks import ChunkLimits, ChunkRefused, prepare
+from robotd.link.failures import fail_ask
 from robotd.link.frame_tap import FrameTap, tap_window
 from robotd.link.openpi.client import OpenpiLink
 from robotd.link.openpi.errors import (
@@ -151,12 +152,7 @@ class OpenpiActs:
                 self._prev_act[a.wep] = a.prev
 
     def _fail(self, ask_id: int, reason: str) -> None:
-        if self.stopping:  # the daemon closed the link itself: not the policy's failure
-            log.info("ask %d: not answered before the daemon stopped", ask_id)
-            return
-        self.counters.act_errors += 1
-        log.warning("ask %d: %s", ask_id, reason)
-        self.send_down(ActFailed(ask_id, reason[:500]))
+        fail_ask(self.counters, self.send_down, ask_id, reason, stopping=self.stopping)
 
     def forget(self, wep: str) -> None:
         self._prev_act.pop(wep, None)
