@@ -58,6 +58,9 @@ MAX_HEADER_BYTES = 16 << 20  # when arrays travel as frames, the header holds no
 COPY_BELOW = 512 << 10
 _HEAD = struct.Struct("<8sQQ")
 _DIM = struct.Struct("<Q")
+_BY_RAW = {name.encode("ascii").ljust(8, b"\0"): d for name, d in wire.DTYPES.items()}
+_BOOL = wire.DTYPES["bool"]
+_OOB_HEADS = [struct.Struct(f"<8sQQ{n}Q") for n in range(wire.MAX_NDIM + 1)]  # by ndim
 
 Buffer = bytes | memoryview | zmq.Frame
 
@@ -77,30 +80,49 @@ class FieldError(WireError):
 
 def pack(obj: Any, *, min_out_of_band: int = MIN_OUT_OF_BAND) -> list[Buffer]:
     """`obj` as frames `[header, *array buffers]`; WireError if it cannot travel."""
-    parts: list[Buffer] = []
-
-    def hook(value: Any) -> Any:
-        if isinstance(value, np.ndarray):
-            if value.nbytes >= min_out_of_band:
-                return _out_of_band(value, parts)
-            return msgspec.msgpack.Ext(wire.ARRAY_EXT, wire._encode_array(value))
-        return wire._default(value)  # numpy scalars, or WireError naming the type
-
+    packing = _packing
+    packing.parts = parts = []
+    packing.min_out_of_band = min_out_of_band
     try:
-        header = msgspec.msgpack.Encoder(enc_hook=hook).encode(obj)
+        header = packing.encoder.encode(obj)
     except WireError:
         raise
     except (TypeError, ValueError, OverflowError) as err:
         raise WireError(f"cannot pack: {err}") from None
+    finally:
+        packing.parts = []  # the arrays are the caller's now, not this thread's
     return [header, *parts]
 
 
+class _Packing(threading.local):
+    """This thread's encoder (built once: building one costs as much as a small message)
+    and the frames of the message it is packing (appended to by its hook)."""
+
+    def __init__(self) -> None:
+        self.parts: list[Buffer] = []
+        self.min_out_of_band = MIN_OUT_OF_BAND
+        self.encoder = msgspec.msgpack.Encoder(enc_hook=self._hook)
+
+    def _hook(self, value: Any) -> Any:
+        if isinstance(value, np.ndarray):
+            if value.nbytes >= self.min_out_of_band:
+                return _out_of_band(value, self.parts)
+            return msgspec.msgpack.Ext(wire.ARRAY_EXT, wire._encode_array(value))
+        return wire._default(value)  # numpy scalars, or WireError naming the type
+
+
+_packing = _Packing()
+
+
 def _out_of_band(a: np.ndarray, parts: list[Buffer]) -> msgspec.msgpack.Ext:
-    name = wire.check_travels(a)
+    dtype = a.dtype
+    raw = wire.RAW_BY_KIND.get((dtype.kind, dtype.itemsize))
+    if raw is None or a.ndim > wire.MAX_NDIM:
+        wire.check_travels(a)  # raises, naming why
     a = wire.as_wire(a)  # no copy for native C-order arrays
-    frame = _whole_frame(a)
-    parts.append(frame if frame is not None else a.reshape(-1).data.cast("B"))
-    head = _HEAD.pack(name.encode("ascii"), len(parts), a.ndim) + wire.SHAPES[a.ndim].pack(*a.shape)
+    frame = _whole_frame(a) if a.base is not None else None
+    parts.append(frame if frame is not None else memoryview(a).cast("B"))
+    head = _OOB_HEADS[a.ndim].pack(raw, len(parts), a.ndim, *a.shape)
     return msgspec.msgpack.Ext(OUT_OF_BAND_EXT, head)
 
 
@@ -183,18 +205,21 @@ def _size(frame: Any) -> int:
     kind = type(frame)
     if kind is bytes or kind is bytearray or kind is zmq.Frame:
         return len(frame)
+    if kind is np.ndarray:
+        return frame.nbytes
     return memoryview(frame).nbytes
 
 
 def _ext_hook(code: int, data: memoryview) -> np.ndarray:
     if code != OUT_OF_BAND_EXT:
         inline = wire._ext_hook(code, data)  # type 1; WireError for any other
-        inline.flags.writeable = False  # a view of the header, which may be a writable frame
+        inline.setflags(write=False)  # a view of the header, which may be a writable frame
         return inline
-    if len(data) < _HEAD.size:
-        raise WireError(f"array frame reference truncated: {len(data)} bytes, need {_HEAD.size}")
+    length = len(data)
+    if length < _HEAD.size:
+        raise WireError(f"array frame reference truncated: {length} bytes, need {_HEAD.size}")
     raw_name, index, ndim = _HEAD.unpack_from(data, 0)
-    dtype = wire.wire_dtype(raw_name)
+    dtype = _BY_RAW.get(raw_name)
     if dtype is None:
         raise WireError(
             f"array dtype {wire.raw_text(raw_name)!r} not allowed (bool, int8..64, uint8..64, "
@@ -202,12 +227,13 @@ def _ext_hook(code: int, data: memoryview) -> np.ndarray:
         )
     if ndim > wire.MAX_NDIM:
         raise WireError(f"array has {ndim} dimensions (at most {wire.MAX_NDIM})")
-    if len(data) != _HEAD.size + _DIM.size * ndim:
+    if length != _HEAD.size + _DIM.size * ndim:
         raise WireError(
-            f"array frame reference of {len(data)} bytes, need {_HEAD.size + _DIM.size * ndim}"
+            f"array frame reference of {length} bytes, need {_HEAD.size + _DIM.size * ndim}"
         )
     shape = wire.SHAPES[ndim].unpack_from(data, _HEAD.size)
-    frames, seen = _current.frames, _current.seen
+    current = _current
+    frames, seen = current.frames, current.seen
     if not 0 < index < len(frames):
         raise WireError(
             f"array {dtype}{list(shape)} refers to frame {index}, but the message has "
@@ -224,8 +250,8 @@ def _ext_hook(code: int, data: memoryview) -> np.ndarray:
             f"array {dtype}{list(shape)} needs {expected} bytes, its frame {index} has {size}"
         )
     out = np.frombuffer(frame, dtype=dtype).reshape(shape) if size else np.empty(shape, dtype)
-    out.flags.writeable = False
-    if dtype.kind == "b" and out.size and out.view(np.uint8).max() > 1:
+    out.setflags(write=False)
+    if dtype is _BOOL and out.size and out.view(np.uint8).max() > 1:
         raise WireError(f"array bool{list(shape)} holds bytes other than 0 and 1")
     return out
 

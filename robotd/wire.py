@@ -60,10 +60,14 @@ DTYPES = _DTYPES  # the dtypes that travel, by name (little-endian)
 # in Python and costs more than packing a small array.
 _BY_KIND = {(d.kind, d.itemsize): name for name, d in _DTYPES.items()}
 _BY_RAW = {name.encode("ascii").ljust(8, b"\0"): d for name, d in _DTYPES.items()}
+_BOOL = _DTYPES["bool"]
 _SWAP = ">" if sys.byteorder == "little" else "<="  # byte orders that are not the wire's
 _HEAD = struct.Struct("<8sQ")
 _DIM = struct.Struct("<Q")
 SHAPES = [struct.Struct(f"<{n}Q") for n in range(MAX_NDIM + 1)]  # ndim -> its axes
+INLINE_HEADS = [struct.Struct(f"<8sQ{n}Q") for n in range(MAX_NDIM + 1)]  # name, ndim, axes
+_RAW_BY_KIND = {key: name.encode("ascii").ljust(8, b"\0") for key, name in _BY_KIND.items()}
+RAW_BY_KIND = _RAW_BY_KIND  # (kind, itemsize) -> the 8-byte wire name
 
 
 def wire_name(dtype: np.dtype) -> str | None:
@@ -174,17 +178,24 @@ def check_travels(a: np.ndarray) -> str:
 
 
 def _encode_array(a: np.ndarray) -> bytes:
-    name = check_travels(a)
-    a = as_wire(a)  # a no-op (no copy) for the usual native arrays
-    head = _HEAD.pack(name.encode("ascii"), a.ndim) + SHAPES[a.ndim].pack(*a.shape)
-    return b"".join((head, a.reshape(-1).data if a.size else b""))
+    dtype = a.dtype
+    raw = _RAW_BY_KIND.get((dtype.kind, dtype.itemsize))
+    ndim = a.ndim
+    if raw is None or ndim > MAX_NDIM:
+        check_travels(a)  # raises, naming why
+    if dtype.byteorder in _SWAP or not a.flags.c_contiguous:
+        a = as_wire(a)
+    # One struct for the name, ndim and axes; tobytes: the elements, C order (a small copy:
+    # inline arrays are below framed.MIN_OUT_OF_BAND bytes, larger ones are lent as frames).
+    return INLINE_HEADS[ndim].pack(raw, ndim, *a.shape) + a.tobytes()
 
 
 def _ext_hook(code: int, data: bytes) -> np.ndarray:
     if code != ARRAY_EXT:
         raise WireError(f"unknown msgpack extension type {code} (only {ARRAY_EXT}: ndarray)")
-    if len(data) < _HEAD.size:
-        raise WireError(f"ndarray header truncated: {len(data)} bytes, need {_HEAD.size}")
+    length = len(data)
+    if length < _HEAD.size:
+        raise WireError(f"ndarray header truncated: {length} bytes, need {_HEAD.size}")
     raw_name, ndim = _HEAD.unpack_from(data, 0)
     dtype = _BY_RAW.get(raw_name)
     if dtype is None:
@@ -195,17 +206,19 @@ def _ext_hook(code: int, data: bytes) -> np.ndarray:
     if ndim > MAX_NDIM:
         raise WireError(f"ndarray has {ndim} dimensions (at most {MAX_NDIM})")
     offset = _HEAD.size + _DIM.size * ndim
-    if len(data) < offset:
-        raise WireError(f"ndarray shape truncated: {len(data)} bytes, need {offset}")
+    if length < offset:
+        raise WireError(f"ndarray shape truncated: {length} bytes, need {offset}")
     shape = SHAPES[ndim].unpack_from(data, _HEAD.size)
     expected = math.prod(shape) * dtype.itemsize  # Python ints: a huge shape cannot overflow
-    if len(data) - offset != expected:
+    if length - offset != expected:
         raise WireError(
-            f"ndarray {dtype}{list(shape)} needs {expected} data bytes, got {len(data) - offset}"
+            f"ndarray {dtype}{list(shape)} needs {expected} data bytes, got {length - offset}"
         )
-    out = np.frombuffer(data, dtype=dtype, offset=offset).reshape(shape)
+    out = np.frombuffer(data, dtype=dtype, offset=offset)
+    if ndim != 1:
+        out = out.reshape(shape)
     # A bool byte other than 0/1 makes numpy misbehave (True != True); refuse it.
-    if dtype.kind == "b" and out.size and out.view(np.uint8).max() > 1:
+    if dtype is _BOOL and out.size and out.view(np.uint8).max() > 1:
         raise WireError(f"ndarray bool{list(shape)} holds bytes other than 0 and 1")
     return out
 

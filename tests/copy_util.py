@@ -144,6 +144,9 @@ class _NoWait:
     def recv_into(self, buf: Any, n: int = 0) -> int:
         return self.sock.recv_into(buf, n, socket.MSG_DONTWAIT)
 
+    def recvmsg_into(self, buffers: Any) -> tuple[int, Any, int, Any]:
+        return self.sock.recvmsg_into(buffers, 0, socket.MSG_DONTWAIT)
+
 
 class Worker:
     """`robotd serve POLICY --bind ipc://... FLAGS` with tests/ on the copies' path."""

@@ -16,6 +16,7 @@ import numpy as np
 
 from robotd import framed
 from robotd.contract import Actions, ContractError, Observations
+from robotd.finite import all_finite
 
 PROTOCOL = 2  # the newest this client speaks (robotd.framed); it speaks 1 too
 PROTOCOLS = (1, 2)
@@ -214,8 +215,7 @@ def parse_act_result(result: dict[str, Any], episode: str, step: int, rtt_ms: fl
         raise bad_reply("act", f"field 'actions': not a 2-D numeric array ({shape})")
     if rows.shape[0] < 1 or rows.shape[1] < 1:
         raise bad_reply("act", f"field 'actions': empty chunk of shape {rows.shape}")
-    # kept as it came: prepare converts it once (the ufunc's reduce: .all() is Python)
-    if rows.dtype.kind == "f" and not np.logical_and.reduce(np.isfinite(rows), axis=None):
+    if not all_finite(rows):  # kept as it came: prepare converts it once
         raise bad_reply("act", "field 'actions': holds NaN or infinity")
     if got.step != step:
         raise bad_reply("act", f"field 'step': {got.step!r}, asked for {step}")

@@ -49,6 +49,7 @@ from typing import Any
 import numpy as np
 
 from robotd.contract import Actions, Observations
+from robotd.finite import all_finite
 from robotd.wire import wire_name
 from robotd.worker.episode import Episode
 from robotd.worker.params import Param, declared_params
@@ -243,6 +244,8 @@ def check_actions(answer: Any, actions: Actions | None) -> np.ndarray:
     policy's dtype (float32 travels as float32; the daemon converts once, robot-side);
     only a dtype the wire does not carry (float128, ...) becomes float64."""
     key = actions.key if actions is not None else None
+    if type(answer) is np.ndarray and key is None:  # the usual answer: no Mapping check
+        return _checked_rows(answer, "answer")
     if key is not None:
         if not isinstance(answer, Mapping):
             raise BadActions(
@@ -266,6 +269,11 @@ def check_actions(answer: Any, actions: Actions | None) -> np.ndarray:
         rows = np.asarray(answer)
     except (ValueError, TypeError) as err:
         raise BadActions(f"{where}: not an array of rows ({err})") from None
+    return _checked_rows(rows, where)
+
+
+def _checked_rows(rows: np.ndarray, where: str) -> np.ndarray:
+    """`rows` checked (numeric, H x D, finite) and copied in their own dtype."""
     if rows.dtype.kind not in "biuf":
         raise BadActions(f"{where}: dtype {rows.dtype} is not numeric")
     if rows.ndim != 2:
@@ -274,9 +282,8 @@ def check_actions(answer: Any, actions: Actions | None) -> np.ndarray:
         raise BadActions(f"{where}: shape {rows.shape} is empty (need H >= 1, D >= 1)")
     # A copy (the policy may reuse its buffer while the answer travels), in its own dtype.
     # (wire_name, not dtype.name: numpy computes that name in Python, ~4 µs an act)
-    rows = rows.astype(rows.dtype if wire_name(rows.dtype) is not None else np.float64)
-    finite = np.isfinite(rows)
-    if not np.logical_and.reduce(finite, axis=None):  # (the ufunc: no Python wrapper)
-        i, j = (int(k) for k in np.argwhere(~finite)[0])
+    rows = rows.copy() if wire_name(rows.dtype) is not None else rows.astype(np.float64)
+    if not all_finite(rows):
+        i, j = (int(k) for k in np.argwhere(~np.isfinite(rows))[0])
         raise BadActions(f"{where}: row {i} column {j} is {rows[i, j]} (must be finite)")
     return rows
