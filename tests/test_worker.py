@@ -220,6 +220,23 @@ def test_policy_failures_are_error_replies(
     run(main)
 
 
+def _dial_unix(path: str, deadline_s: float) -> socket.socket:
+    """Connect to a Unix stream socket that a worker starting up may not have bound yet
+    (a ZeroMQ DEALER waits for it by itself; a plain socket must dial again)."""
+    deadline = time.monotonic() + deadline_s
+    while True:
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        sock.settimeout(20)
+        try:
+            sock.connect(path)
+            return sock
+        except (FileNotFoundError, ConnectionRefusedError):
+            sock.close()
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.05)  # polling a path that appears when the worker binds it
+
+
 class RawPeer:
     """One-frame requests to an act endpoint, ZeroMQ or stream, with no robotd client code
     in the way (a stream peer frames them by hand, as docs/protocol.md says)."""
@@ -227,9 +244,7 @@ class RawPeer:
     def __init__(self, endpoint: str) -> None:
         self.ctx: zmq.Context | None = None
         if endpoint.startswith("stream+ipc://"):
-            self.raw = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-            self.raw.settimeout(20)
-            self.raw.connect(endpoint.removeprefix("stream+ipc://"))
+            self.raw = _dial_unix(endpoint.removeprefix("stream+ipc://"), deadline_s=20)
         else:
             self.ctx = zmq.Context()
             self.sock = self.ctx.socket(zmq.DEALER)
@@ -585,6 +600,34 @@ def test_malformed_act_reply_names_the_field(sockdir: Path, reply: dict, needle:
         with pytest.raises(PolicyError) as err:
             await client.act("E", 1, [1], [{}])
         assert err.value.code == "bad_reply" and needle in err.value.message
+        await client.close()
+
+    try:
+        run(main)
+    finally:
+        fake.close()
+
+
+def test_an_act_shaped_reply_to_a_ping_is_read_as_a_ping_reply(sockdir: Path) -> None:
+    """Act replies are decoded typed first (robotd.link.replies.decode_act_reply): that
+    must never hand a typed act result to a caller that asked something else."""
+    endpoint = f"ipc://{sockdir}/actping.sock"
+    shaped = {"actions": np.zeros((2, 3)), "step": 1, "episode": "E", "timing": {}}
+
+    def answer(req: dict) -> list[dict]:
+        if req["cmd"] == "hello":
+            return [_hello_reply(req)]
+        return [{"id": req["id"], "ok": True, "result": shaped}]
+
+    fake = _FakeWorker(endpoint, answer)
+
+    async def main() -> None:
+        client = PolicyClient(endpoint, timeout_s=5)
+        await client.connect()
+        got = await client.ping(timeout_s=5)
+        assert isinstance(got, dict) and got["step"] == 1 and got["actions"].shape == (2, 3)
+        chunk = await client.act("E", 1, [1], [{}])  # and the same bytes answer an act
+        assert chunk.actions.shape == (2, 3) and chunk.step == 1
         await client.close()
 
     try:

@@ -28,9 +28,11 @@ from robotd import framed, wire
 from robotd.link.dealer import DealerClosed, LoopDealer
 from robotd.link.replies import (
     PROTOCOL,
+    ActReply,
     ActResult,
     Handshake,
     PolicyError,
+    decode_act_reply,
     parse_act_result,
     parse_handshake,
     unwrap,
@@ -48,8 +50,9 @@ ABANDONED_KEPT = 256  # ids of requests given up (timed out), to tell a late rep
 @dataclass(slots=True)
 class _Pending:
     wake: asyncio.Future[None]  # resolved when settled: the cheapest wake-up asyncio has
+    cmd: str
     done: bool = False
-    reply: dict[str, Any] | None = None
+    reply: dict[str, Any] | ActReply | None = None
     error: BaseException | None = None
 
 
@@ -188,12 +191,15 @@ class PolicyClient:
         self._pending.clear()
         self._dealer.close()
 
-    async def _request(self, message: dict[str, Any], timeout_s: float) -> dict[str, Any]:
+    async def _request(self, message: dict[str, Any], timeout_s: float) -> Any:
+        """The result of `message`'s reply: a map, or for an act that succeeded its typed
+        fields (ActFields, for parse_act_result)."""
         if not self._dealer.is_open:
             raise PolicyError("closed", "not connected (call connect() first)")
         loop = asyncio.get_running_loop()
         rid = next(self._ids)
-        pending = self._pending[rid] = _Pending(loop.create_future())
+        cmd = message["cmd"]
+        pending = self._pending[rid] = _Pending(loop.create_future(), cmd)
         body = {"id": rid, **message}
         # Protocol 2: arrays as frames of their own, sent from their memory (no body copy).
         frames = framed.pack(body) if self.protocol >= 2 else [wire.packb(body)]
@@ -214,8 +220,11 @@ class PolicyClient:
                 self._abandoned.append(rid)  # a reply may still come: it will be late
         if pending.error is not None:
             raise pending.error
-        assert pending.reply is not None
-        return unwrap(pending.reply, message["cmd"])
+        reply = pending.reply
+        if type(reply) is ActReply:
+            return reply.result
+        assert reply is not None
+        return unwrap(reply, cmd)
 
     def _expire(self, rid: int, timeout_s: float) -> None:
         """Request `rid` got no reply in time: its caller raises TimeoutError."""
@@ -226,6 +235,12 @@ class PolicyClient:
 
     def _dispatch(self, frames: list[bytes]) -> None:
         """Hand one reply (one frame, or framed) to the request it answers."""
+        typed = decode_act_reply(frames)
+        if typed is not None:
+            pending = self._pending.get(typed.id)
+            if pending is not None and pending.cmd == "act":
+                _settle(pending, reply=typed)
+                return
         try:
             reply = framed.unpack(frames)
         except wire.WireError as err:
@@ -254,7 +269,10 @@ class PolicyClient:
 
 
 def _settle(
-    pending: _Pending, *, reply: dict[str, Any] | None = None, error: BaseException | None = None
+    pending: _Pending,
+    *,
+    reply: dict[str, Any] | ActReply | None = None,
+    error: BaseException | None = None,
 ) -> None:
     pending.reply, pending.error, pending.done = reply, error, True
     if not pending.wake.done():

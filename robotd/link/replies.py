@@ -7,9 +7,9 @@ reply becomes PolicyError with its code (and its other fields in `detail`).
 
 from __future__ import annotations
 
-from collections.abc import Collection, Mapping
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 import msgspec
 import numpy as np
@@ -195,7 +195,7 @@ class _Timing(msgspec.Struct):
     queue_ms: Annotated[float, msgspec.Meta(ge=0)] = 0.0
 
 
-class _ActResult(msgspec.Struct):
+class ActFields(msgspec.Struct):
     """An act's result, typed (the rows are checked apart: an array is no msgspec type)."""
 
     actions: Any
@@ -204,11 +204,37 @@ class _ActResult(msgspec.Struct):
     timing: _Timing
 
 
-def parse_act_result(result: dict[str, Any], episode: str, step: int, rtt_ms: float) -> ActResult:
+class ActReply(msgspec.Struct):
+    """A successful act reply, decoded straight into its types (decode_act_reply)."""
+
+    id: int
+    ok: Literal[True]
+    result: ActFields
+
+
+def decode_act_reply(frames: Sequence[Any]) -> ActReply | None:
+    """`frames` as a successful act reply, or None when they are anything else (an error,
+    another command's reply, a malformed message: for robotd.framed.unpack to say). An
+    act's reply is the one that comes every chunk: decoded in one typed pass, with no
+    generic tree to walk and convert afterwards."""
     try:
-        got = msgspec.convert(result, _ActResult)
-    except msgspec.ValidationError as err:
-        raise bad_reply("act", str(framed.field_error(str(err)))) from None
+        return framed.unpack(frames, ActReply)
+    except framed.WireError:
+        return None
+
+
+def parse_act_result(
+    result: dict[str, Any] | ActFields, episode: str, step: int, rtt_ms: float
+) -> ActResult:
+    """An act's result (a map, or decoded typed by decode_act_reply) checked: its rows a
+    2-D numeric array of finite values, its step and episode the ones asked for."""
+    if type(result) is ActFields:
+        got = result
+    else:
+        try:
+            got = msgspec.convert(result, ActFields)
+        except msgspec.ValidationError as err:
+            raise bad_reply("act", str(framed.field_error(str(err)))) from None
     rows = got.actions
     if not isinstance(rows, np.ndarray) or rows.ndim != 2 or rows.dtype.kind not in "biuf":
         shape = rows.shape if isinstance(rows, np.ndarray) else type(rows).__name__
