@@ -74,18 +74,26 @@ def _recv_many(sock: Any, views: list[memoryview]) -> int | None:
         raise StreamBroken(f"the stream failed: {err}") from None
 
 
+_HEADS = [struct.Struct(f"<I{n}Q") for n in range(17)]  # the prefix of n frames, n <= 16
+
+
 def head(lengths: Sequence[int]) -> bytes:
     """A message's prefix for frames of these lengths."""
-    return COUNT.pack(len(lengths)) + struct.pack(f"<{len(lengths)}Q", *lengths)
+    n = len(lengths)
+    if n < len(_HEADS):
+        return _HEADS[n].pack(n, *lengths)
+    return COUNT.pack(n) + struct.pack(f"<{n}Q", *lengths)
 
 
-def _message(frames: Sequence[Any]) -> list[memoryview]:
-    """A message as it goes on the stream: its prefix, then its frames as byte views
-    (ValueError for a frame count out of range)."""
+def _message(frames: Sequence[Any]) -> tuple[list[memoryview], int]:
+    """A message as it goes on the stream: its prefix, then its frames as byte views, and
+    its size in bytes (ValueError for a frame count out of range)."""
     body = [memoryview(f).cast("B") for f in frames]
     if not 1 <= len(body) <= framed.MAX_FRAMES:
         raise ValueError(f"a message of {len(body)} frames (1..{framed.MAX_FRAMES})")
-    return [memoryview(head([v.nbytes for v in body])), *body]
+    lengths = [v.nbytes for v in body]
+    prefix = memoryview(head(lengths))
+    return [prefix, *body], prefix.nbytes + sum(lengths)
 
 
 def _send(sock: Any, batch: list[memoryview]) -> int:
@@ -118,17 +126,19 @@ class FrameWriter:
 
     def queue(self, frames: Sequence[Any]) -> None:
         """Queue one message (ValueError for a frame count out of range)."""
-        self._queue(_message(frames), 0)
+        self._queue(*_message(frames), 0)
 
-    def write(self, sock: Any, frames: Sequence[Any]) -> None:
+    def write(self, sock: Any, frames: Sequence[Any]) -> int:
         """Queue one message and write what `sock` takes now, as `queue` then `flush` do;
         with nothing waiting, the message goes straight from its frames, unqueued when the
-        socket takes it whole (the usual case, and the act's own path)."""
-        batch = _message(frames)
+        socket takes it whole (the usual case, and the act's own path). Returns the
+        message's size on the stream."""
+        batch, size = _message(frames)
         sent = 0 if self._out else _send(sock, batch)
-        if sent < sum(v.nbytes for v in batch):
-            self._queue(batch, sent)
+        if sent < size:
+            self._queue(batch, size, sent)
             self.flush(sock)
+        return size
 
     def flush(self, sock: Any) -> None:
         """Write what waits as far as `sock` (non-blocking) takes it; OSError (other than
@@ -140,9 +150,9 @@ class FrameWriter:
                 return
             self._sent(sent)
 
-    def _queue(self, batch: list[memoryview], sent: int) -> None:
-        """`batch` (a prefix and its frames) waits, but for the `sent` bytes of it written."""
-        size = sum(v.nbytes for v in batch)
+    def _queue(self, batch: list[memoryview], size: int, sent: int) -> None:
+        """`batch` (a prefix and its frames, `size` bytes) waits, but for the `sent` bytes
+        of it written."""
         self._out.extend(batch)
         self._sizes.append(size)
         self.pending_bytes += size
