@@ -79,7 +79,8 @@ def test_messages_of_every_shape_round_trip(pair: tuple[socket.socket, socket.so
 def test_a_message_split_at_every_byte_is_put_back_together() -> None:
     body = [b"header", bytes(range(256)) * 100, b"", b"tail"]
     wire_bytes = head([len(f) for f in body]) + b"".join(body)
-    for cut in range(1, len(wire_bytes), 97):
+    # Every cut within the prefix (the count, then each length) and past it, every 97th.
+    for cut in [*range(1, 64), *range(64, len(wire_bytes), 97)]:
         a, b = socket.socketpair()
         b.setblocking(False)
         reader = FrameReader(max_bytes=1 << 20)
@@ -90,6 +91,29 @@ def test_a_message_split_at_every_byte_is_put_back_together() -> None:
         assert [[bytes(f) for f in m] for m in first + rest] == [body]
         a.close()
         b.close()
+
+
+def test_two_messages_read_a_byte_at_a_time_are_put_back_together() -> None:
+    """Every state of the reader: the count, each length and each frame cut after each
+    byte, then a second message after the first's last byte."""
+    bodies = [[b"h" * 9, b"", bytes(range(200))], [b"second", b"x" * 3]]
+    wire_bytes = b"".join(head([len(f) for f in m]) + b"".join(m) for m in bodies)
+    a, b = socket.socketpair()
+    b.setblocking(False)
+    reader = FrameReader(max_bytes=1 << 20)
+    got: list[list[bytearray]] = []
+    for i in range(len(wire_bytes)):
+        a.sendall(wire_bytes[i : i + 1])
+        got += _read_one_byte(reader, b)
+    assert [[bytes(f) for f in m] for m in got] == bodies
+    a.close()
+    b.close()
+
+
+def _read_one_byte(reader: FrameReader, sock: socket.socket) -> list[list[bytearray]]:
+    """What the reader hands out once the byte just sent has been read."""
+    select.select([sock], [], [], 20)
+    return reader.receive(sock)
 
 
 def _poll_some(reader: FrameReader, sock: socket.socket) -> list[list[bytearray]]:

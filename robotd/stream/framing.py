@@ -75,6 +75,7 @@ def _recv_many(sock: Any, views: list[memoryview]) -> int | None:
 
 
 _HEADS = [struct.Struct(f"<I{n}Q") for n in range(17)]  # the prefix of n frames, n <= 16
+_LENGTHS = [struct.Struct(f"<{n}Q") for n in range(17)]  # the lengths in it
 
 
 def head(lengths: Sequence[int]) -> bytes:
@@ -267,16 +268,8 @@ class FrameReader:
 
     def _consume(self, data: memoryview, done: list[list[Frame]]) -> None:
         while data:
-            if not self._frames and not self._prefix:  # between messages
-                data = self._whole(data, done)
-                if not data:
-                    return
-            if self._index >= len(self._frames):  # in the prefix
-                take = min(len(data), self._need - len(self._prefix))
-                self._prefix += data[:take]
-                data = data[take:]
-                if len(self._prefix) == self._need:
-                    self._parse_prefix(done)
+            if not self._frames:  # between messages, or in a prefix cut across reads
+                data = self._begin(data, done)
                 continue
             frame = self._frames[self._index]
             take = min(len(data), len(frame) - self._got)
@@ -285,20 +278,50 @@ class FrameReader:
             data = data[take:]
             self._advance(done)
 
-    def _whole(self, data: memoryview, done: list[list[Frame]]) -> memoryview:
-        """The messages wholly in `data`, from its start, cut straight out of it (replies
-        and pings come so: one read, one message); what follows them is returned."""
-        while True:
-            lengths = self._lengths(data)
-            start = COUNT.size + LENGTH.size * len(lengths) if lengths is not None else 0
-            if lengths is None or start + sum(lengths) > len(data):
-                return data
-            frames: list[Frame] = []
-            for n in lengths:
-                frames.append(bytearray(data[start : start + n]))
-                start += n
-            done.append(frames)
-            data = data[start:]
+    def _begin(self, data: memoryview, done: list[list[Frame]]) -> memoryview:
+        """A message's start: its prefix parsed, the message cut straight out of `data`
+        when it is all there (replies and pings come so: one read, one message), else its
+        frames begun. Returns what of `data` is left to copy into them."""
+        if self._prefix:  # a prefix cut across reads: gather what it still needs
+            take = min(len(data), self._need - len(self._prefix))
+            self._prefix += data[:take]
+            data = data[take:]
+            lengths = self._lengths(self._prefix)
+            if lengths is None:
+                self._need = self._prefix_size(self._prefix)
+            else:
+                self._open(lengths, done)
+            return data
+        lengths = self._lengths(data)
+        if lengths is None:  # the prefix itself is cut short: gather it
+            self._prefix = bytearray(data)
+            self._need = self._prefix_size(data)
+            return data[len(data) :]
+        start = COUNT.size + LENGTH.size * len(lengths)
+        if start + sum(lengths) > len(data):
+            self._open(lengths, done)
+            return data[start:]
+        frames: list[Frame] = []
+        for n in lengths:
+            frames.append(bytearray(data[start : start + n]))
+            start += n
+        done.append(frames)
+        return data[start:]
+
+    def _open(self, lengths: Sequence[int], done: list[list[Frame]]) -> None:
+        """Begin filling a message of frames of these lengths."""
+        self._frames = [_buffer(n) for n in lengths]
+        self._index = self._got = 0
+        self._prefix = bytearray()
+        self._need = COUNT.size
+        self._advance(done)  # (frames of no bytes are filled already)
+
+    @staticmethod
+    def _prefix_size(prefix: bytes | bytearray | memoryview) -> int:
+        """Bytes the prefix whose start is `prefix` needs (its count checked already)."""
+        if len(prefix) < COUNT.size:
+            return COUNT.size
+        return COUNT.size + LENGTH.size * COUNT.unpack_from(prefix)[0]
 
     def _lengths(self, prefix: bytes | bytearray | memoryview) -> tuple[int, ...] | None:
         """The frame lengths a message's prefix declares (None: the prefix is not all
@@ -310,23 +333,16 @@ class FrameReader:
             raise StreamBroken(f"the stream broke: a message of {count} frames")
         if len(prefix) < COUNT.size + LENGTH.size * count:
             return None
-        lengths = struct.unpack_from(f"<{count}Q", prefix, COUNT.size)
+        if count < len(_LENGTHS):
+            lengths = _LENGTHS[count].unpack_from(prefix, COUNT.size)
+        else:
+            lengths = struct.unpack_from(f"<{count}Q", prefix, COUNT.size)
         total = sum(lengths)
         if total > self.max_bytes:
             raise StreamBroken(
                 f"the stream broke: a message of {total} bytes, over {self.max_bytes}"
             )
         return lengths
-
-    def _parse_prefix(self, done: list[list[Frame]]) -> None:
-        lengths = self._lengths(self._prefix)
-        if lengths is None:  # the count is in: now its lengths are wanted
-            (count,) = COUNT.unpack_from(self._prefix)
-            self._need = COUNT.size + LENGTH.size * count
-            return
-        self._frames = [_buffer(n) for n in lengths]
-        self._index = self._got = 0
-        self._advance(done)
 
     def _advance(self, done: list[list[Frame]]) -> None:
         """Step past the frames filled; hand out the message once all are."""
@@ -337,5 +353,3 @@ class FrameReader:
         if frames and self._index == len(frames):
             done.append(frames)
             self._frames, self._index, self._got = [], 0, 0
-            self._prefix = bytearray()
-            self._need = COUNT.size
