@@ -58,8 +58,6 @@ MAX_HEADER_BYTES = 16 << 20  # when arrays travel as frames, the header holds no
 COPY_BELOW = 512 << 10
 _HEAD = struct.Struct("<8sQQ")
 _DIM = struct.Struct("<Q")
-_BY_RAW = {name.encode("ascii").ljust(8, b"\0"): d for name, d in wire.DTYPES.items()}
-_BOOL = wire.DTYPES["bool"]
 _OOB_HEADS = [struct.Struct(f"<8sQQ{n}Q") for n in range(wire.MAX_NDIM + 1)]  # by ndim
 
 Buffer = bytes | memoryview | zmq.Frame
@@ -121,7 +119,9 @@ def _out_of_band(a: np.ndarray, parts: list[Buffer]) -> msgspec.msgpack.Ext:
         wire.check_travels(a)  # raises, naming why
     a = wire.as_wire(a)  # no copy for native C-order arrays
     frame = _whole_frame(a) if a.base is not None else None
-    parts.append(frame if frame is not None else memoryview(a).cast("B"))
+    if frame is None:  # (a memoryview cannot cast an empty array's view: reshape first)
+        frame = memoryview(a).cast("B") if a.size else a.reshape(-1).data.cast("B")
+    parts.append(frame)
     head = _OOB_HEADS[a.ndim].pack(raw, len(parts), a.ndim, *a.shape)
     return msgspec.msgpack.Ext(OUT_OF_BAND_EXT, head)
 
@@ -219,7 +219,7 @@ def _ext_hook(code: int, data: memoryview) -> np.ndarray:
     if length < _HEAD.size:
         raise WireError(f"array frame reference truncated: {length} bytes, need {_HEAD.size}")
     raw_name, index, ndim = _HEAD.unpack_from(data, 0)
-    dtype = _BY_RAW.get(raw_name)
+    dtype = wire.BY_RAW.get(raw_name)
     if dtype is None:
         raise WireError(
             f"array dtype {wire.raw_text(raw_name)!r} not allowed (bool, int8..64, uint8..64, "
@@ -251,7 +251,7 @@ def _ext_hook(code: int, data: memoryview) -> np.ndarray:
         )
     out = np.frombuffer(frame, dtype=dtype).reshape(shape) if size else np.empty(shape, dtype)
     out.setflags(write=False)
-    if dtype is _BOOL and out.size and out.view(np.uint8).max() > 1:
+    if dtype is wire.BOOL and out.size and out.view(np.uint8).max() > 1:
         raise WireError(f"array bool{list(shape)} holds bytes other than 0 and 1")
     return out
 

@@ -61,6 +61,7 @@ DTYPES = _DTYPES  # the dtypes that travel, by name (little-endian)
 _BY_KIND = {(d.kind, d.itemsize): name for name, d in _DTYPES.items()}
 _BY_RAW = {name.encode("ascii").ljust(8, b"\0"): d for name, d in _DTYPES.items()}
 _BOOL = _DTYPES["bool"]
+BY_RAW, BOOL = _BY_RAW, _BOOL  # (for robotd.framed's own ext hook)
 _SWAP = ">" if sys.byteorder == "little" else "<="  # byte orders that are not the wire's
 _HEAD = struct.Struct("<8sQ")
 _DIM = struct.Struct("<Q")

@@ -75,9 +75,10 @@ def test_shapes_strides_byte_orders_and_zero_sizes() -> None:
         np.array(2.5),
     ]
     for arr in cases:
-        back = unpack(pack({"a": arr}))["a"]
-        assert back.shape == arr.shape and back.dtype == arr.dtype.newbyteorder("<")
-        np.testing.assert_array_equal(back, arr)
+        for threshold in (framed.MIN_OUT_OF_BAND, 0):  # 0: every array a frame of its own
+            back = unpack(pack({"a": arr}, min_out_of_band=threshold))["a"]
+            assert back.shape == arr.shape and back.dtype == arr.dtype.newbyteorder("<")
+            np.testing.assert_array_equal(back, arr)
 
 
 def test_a_received_array_goes_on_as_its_own_frame(pair) -> None:

@@ -20,6 +20,7 @@ from copy_util import DEADLINE_S, Worker
 from robotd import framed, wire
 from robotd.link.chunks import ChunkLimits, prepare
 from robotd.link.client import PolicyClient
+from robotd.link.replies import ActReply, decode_act_reply
 
 BIG = framed.MIN_OUT_OF_BAND
 
@@ -170,3 +171,19 @@ def test_hostile_frames_are_refused_naming_why_and_the_worker_goes_on(
     )
     assert good["ok"] is True, good
     assert c.ping()["counts"]["copies_lost"] == 0
+
+
+def test_an_act_reply_is_decoded_typed_and_anything_else_is_left_generic() -> None:
+    """robotd.link.replies.decode_act_reply: the act's reply in one typed pass; an error,
+    another command's result or a malformed act result is for the generic decoder."""
+    rows = np.zeros((2, 3), np.float32)
+    good = {"actions": rows, "step": 1, "episode": "e", "timing": {"infer_ms": 0.5}}
+    typed = decode_act_reply(framed.pack({"id": 3, "ok": True, "result": good}))
+    assert isinstance(typed, ActReply) and typed.id == 3 and typed.result.actions.shape == (2, 3)
+    for other in (
+        {"id": 3, "ok": False, "error": {"code": "busy", "message": "m"}},
+        {"id": 3, "ok": True, "result": {"protocol": 2}},
+        {"id": 3, "ok": True, "result": {**good, "timing": {"infer_ms": -1.0}}},
+        {"id": "3", "ok": True, "result": good},
+    ):
+        assert decode_act_reply(framed.pack(other)) is None
