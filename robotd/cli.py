@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
+import signal
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -170,13 +172,18 @@ def _serve(args: argparse.Namespace) -> int:
     import zmq
 
     from robotd.runtime.daemon import setup_logging
-    from robotd.runtime.procutil import die_with_parent
+    from robotd.runtime.procutil import PARENT_ENV, die_with_parent
     from robotd.worker.policy_host import PolicyLoadError
     from robotd.worker.server import CopyOptions, serve
     from robotd.worker.store import MB, StoreLimits
 
     # A local worker goes when its daemon goes; a remote one's parent is a shell or systemd.
     die_with_parent()
+    if os.environ.get(PARENT_ENV):
+        # A local worker is stopped by its daemon, after the daemon has closed its link to
+        # it. A terminal's Ctrl-C reaches the whole process group: it is the daemon's to
+        # act on, or the worker would vanish under a link still open.
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
     setup_logging()
     try:
         limits = StoreLimits(

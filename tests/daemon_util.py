@@ -85,6 +85,20 @@ class Daemon:
             if rx.search(line):
                 return line
 
+    def wait_eof(self, timeout: float = 30.0) -> list[str]:
+        """The whole log, once every process writing to it has closed it (the daemon's
+        children share its stderr)."""
+        deadline = time.monotonic() + timeout
+        while True:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise AssertionError("the log stayed open:\n" + "".join(self.log[-40:]))
+            try:
+                if self.lines.get(timeout=left) == "":
+                    return list(self.log)
+            except queue.Empty:
+                continue
+
     def wait_exit(self, timeout: float = 60.0) -> int:
         try:
             return self.proc.wait(timeout)

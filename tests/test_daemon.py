@@ -56,6 +56,20 @@ def test_sigint_stops_everything_cleanly(tmp_path):
     assert_nothing_left(d)
 
 
+def test_ctrl_c_to_the_whole_process_group_still_stops_in_order(tmp_path):
+    """A terminal's Ctrl-C reaches every process of the group at once. The local worker
+    leaves it to its daemon, which closes its link to the worker before stopping it: no
+    lost connection is logged, and no worker exit is taken for a failure."""
+    d = Daemon(tmp_path)
+    d.wait_line(r"episode_start")
+    os.killpg(d.proc.pid, signal.SIGINT)
+    assert d.wait_exit() == 0
+    log = d.wait_eof()
+    noise = [line for line in log if "act connection" in line or "worker exited" in line]
+    assert not noise, "".join(noise)
+    assert_nothing_left(d)
+
+
 def test_sigkill_of_main_the_lane_holds_then_estops_exits_and_leaves_nothing(tmp_path):
     d = Daemon(tmp_path, "--set", "control.orphan_s=1.5")
     d.wait_line(r"episode_start")
