@@ -5,20 +5,19 @@ from __future__ import annotations
 import math
 import shutil
 import tempfile
-import threading
 from pathlib import Path
 
 import anyio
 import cv2
 import numpy as np
 import pytest
+from serve_util import serving
 
 from drivers.sim import geometry as g
 from robotd import wire
 from robotd.contract import Actions, Camera, Observations, Stream
 from robotd.demo import DotFollower
 from robotd.link.client import PolicyClient
-from robotd.worker.server import serve
 
 W, H = 640, 480
 HZ = 30.0
@@ -164,39 +163,24 @@ def test_tolerance_finds_a_jpeg_compressed_dot() -> None:
 def test_served_demo_answers_like_the_policy() -> None:
     """`serve` (in a thread here) hands the window over unchanged; `--arg` strings convert."""
     sockdir = Path(tempfile.mkdtemp(prefix="robotd-demo-"))  # ipc paths must stay short
-    bound: list[str] = []
-    listening, stop = threading.Event(), threading.Event()
-
-    def ready(endpoint: str) -> None:
-        bound.append(endpoint)
-        listening.set()
-
-    server = threading.Thread(
-        target=serve,
-        args=("robotd.demo:DotFollower", f"ipc://{sockdir}/w.sock"),
-        kwargs={"policy_kwargs": {"horizon": "5"}, "ready": ready, "stop": stop},
-    )
-    server.start()
     p0, p1 = np.array([1.0, 0.5]), np.array([1.02, 0.49])
     q = np.array([*g.inverse(p1), 0.1])
     inputs = window(10, 3, p0, p1, q)
 
-    async def main() -> None:
-        client = PolicyClient(bound[0], timeout_s=10)
+    async def main(endpoint: str) -> None:
+        client = PolicyClient(endpoint, timeout_s=10)
         hello = await client.connect()
         assert hello.observations == DotFollower.observations
         result = await client.act("demo", 10, inputs["steps"], inputs["observations"])
         np.testing.assert_allclose(result.actions, DotFollower(horizon=5).infer(inputs))
         await client.close()
 
+    spec = ("robotd.demo:DotFollower", f"ipc://{sockdir}/w.sock")
     try:
-        assert listening.wait(10)
-        anyio.run(main, backend_options={"use_uvloop": True})
+        with serving(*spec, policy_kwargs={"horizon": "5"}) as endpoint:
+            anyio.run(main, endpoint, backend_options={"use_uvloop": True})
     finally:
-        stop.set()
-        server.join(10)
         shutil.rmtree(sockdir, ignore_errors=True)
-    assert not server.is_alive()
 
 
 def test_letterboxed_jpeg_frames_as_declared_map_back_to_the_world() -> None:
@@ -247,37 +231,22 @@ def test_rtc_is_used_only_when_asked_for() -> None:
 
 def test_served_rtc_demo_declares_rtc_and_is_handed_the_prefix() -> None:
     sockdir = Path(tempfile.mkdtemp(prefix="robotd-demo-"))
-    bound: list[str] = []
-    listening, stop = threading.Event(), threading.Event()
-
-    def ready(endpoint: str) -> None:
-        bound.append(endpoint)
-        listening.set()
-
-    server = threading.Thread(
-        target=serve,
-        args=("robotd.demo:DotFollower", f"ipc://{sockdir}/w.sock"),
-        kwargs={"policy_kwargs": {"horizon": "6", "rtc": "true"}, "ready": ready, "stop": stop},
-    )
-    server.start()
     p1 = np.array([1.02, 0.49])
     inputs = window(10, 3, p1, p1, np.array([*g.inverse(p1), 0.1]))
     prefix = np.full((2, 3), 0.25)
     rtc = {"delay": 2, "prefix": prefix, "rest": np.full((1, 3), 0.3)}
 
-    async def main() -> None:
-        client = PolicyClient(bound[0], timeout_s=10)
+    async def main(endpoint: str) -> None:
+        client = PolicyClient(endpoint, timeout_s=10)
         hello = await client.connect()
         assert hello.actions is not None and hello.actions.rtc is True
         result = await client.act("demo", 10, inputs["steps"], inputs["observations"], rtc=rtc)
         np.testing.assert_array_equal(result.actions[:2], prefix)
         await client.close()
 
+    spec = ("robotd.demo:DotFollower", f"ipc://{sockdir}/w.sock")
     try:
-        assert listening.wait(10)
-        anyio.run(main, backend_options={"use_uvloop": True})
+        with serving(*spec, policy_kwargs={"horizon": "6", "rtc": "true"}) as endpoint:
+            anyio.run(main, endpoint, backend_options={"use_uvloop": True})
     finally:
-        stop.set()
-        server.join(10)
         shutil.rmtree(sockdir, ignore_errors=True)
-    assert not server.is_alive()

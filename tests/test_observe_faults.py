@@ -8,7 +8,6 @@ import importlib
 import logging
 import sys
 import textwrap
-import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -28,9 +27,9 @@ from robotd.link.replies import PROTOCOL
 from robotd.link.steps import TIMING_SAMPLE, LinkCounters, RingFrames, StepReader, StepRing
 from robotd.link.uplink import Uplink, UplinkLimits
 from robotd.link.windows import WindowPlanner
-from robotd.worker.server import serve
 from tests.fake_router import FakeRouter
 from tests.lane_util import plain
+from tests.serve_util import serving
 from tests.test_uplink import (
     KEYS,
     FakeObserve,
@@ -418,20 +417,10 @@ def every_worker(sockdir: Path) -> Iterator[tuple[str, Any]]:
     (sockdir / "every_policy.py").write_text(POLICY)
     sys.path.insert(0, str(sockdir))
     module = importlib.import_module("every_policy")
-    bound: list[str] = []
-    listening, stop = threading.Event(), threading.Event()
-    server = threading.Thread(
-        target=serve,
-        args=("every_policy:EveryTwo", f"ipc://{sockdir}/w.sock"),
-        kwargs={"ready": lambda ep: (bound.append(ep), listening.set()), "stop": stop},
-    )
-    server.start()
     try:
-        assert listening.wait(10)
-        yield bound[0], module
+        with serving("every_policy:EveryTwo", f"ipc://{sockdir}/w.sock") as endpoint:
+            yield endpoint, module
     finally:
-        stop.set()
-        server.join(10)
         sys.path.remove(str(sockdir))
         sys.modules.pop("every_policy", None)
 

@@ -7,7 +7,6 @@ from __future__ import annotations
 import contextlib
 import shutil
 import tempfile
-import threading
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
@@ -15,11 +14,11 @@ from typing import Any
 import anyio
 import numpy as np
 import pytest
+from serve_util import serving
 
 from robotd.contract import Actions
 from robotd.link.client import Handshake, PolicyClient, PolicyError
 from robotd.worker.policy_host import PolicyHost, PolicyLoadError
-from robotd.worker.server import serve
 
 
 class Echo:
@@ -101,32 +100,16 @@ def test_declaring_rtc_without_taking_it_is_a_load_error() -> None:
 @pytest.fixture(scope="module")
 def workers() -> Iterator[dict[str, str]]:
     sockdir = Path(tempfile.mkdtemp(prefix="robotd-rtc-"))  # ipc paths must stay short
-    stop = threading.Event()
-    bound: dict[str, str] = {}
-    threads = []
-    for name in ("Echo", "Deaf"):
-        ready = threading.Event()
-
-        def done(endpoint: str, name: str = name, ready: threading.Event = ready) -> None:
-            bound[name] = endpoint
-            ready.set()
-
-        t = threading.Thread(
-            target=serve,
-            args=(f"tests.test_rtc_worker:{name}", f"ipc://{sockdir}/{name}.sock"),
-            kwargs={"ready": done, "stop": stop},
-        )
-        t.start()
-        threads.append(t)
-        assert ready.wait(10)
     try:
-        yield bound
+        with contextlib.ExitStack() as workers:
+            yield {
+                name: workers.enter_context(
+                    serving(f"tests.test_rtc_worker:{name}", f"ipc://{sockdir}/{name}.sock")
+                )
+                for name in ("Echo", "Deaf")
+            }
     finally:
-        stop.set()
-        for t in threads:
-            t.join(10)
         shutil.rmtree(sockdir, ignore_errors=True)
-    assert not any(t.is_alive() for t in threads)
 
 
 def run(fn: Any) -> Any:

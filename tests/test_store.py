@@ -7,7 +7,6 @@ import shutil
 import sys
 import tempfile
 import textwrap
-import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -16,13 +15,14 @@ import anyio
 import numpy as np
 import pytest
 import zmq
+from serve_util import serving
 
 from robotd import wire
 from robotd.contract import Camera
 from robotd.frames import fit_and_encode, to_wire
 from robotd.link.client import PolicyClient, PolicyError
 from robotd.worker.frame import DecodeBudget, Frame
-from robotd.worker.server import observe_endpoint, serve
+from robotd.worker.server import observe_endpoint
 from robotd.worker.store import SKIP_ENTRY_BYTES, FrameStore, StoreLimits
 
 # ---------------------------------------------------------------- the store alone
@@ -221,28 +221,14 @@ def worker() -> Iterator[tuple[str, Any]]:
     (tmp / "store_policy.py").write_text(POLICY)
     sys.path.insert(0, str(tmp))
     module = importlib.import_module("store_policy")
-    bound: list[str] = []
-    listening, stop = threading.Event(), threading.Event()
-    server = threading.Thread(
-        target=serve,
-        args=("store_policy:Recorder", f"ipc://{tmp}/w.sock"),
-        kwargs={
-            "ready": lambda ep: (bound.append(ep), listening.set()),
-            "stop": stop,
-            "limits": StoreLimits(episode_frames=6),
-        },
-    )
-    server.start()
+    spec = ("store_policy:Recorder", f"ipc://{tmp}/w.sock")
     try:
-        assert listening.wait(10)
-        yield bound[0], module
+        with serving(*spec, limits=StoreLimits(episode_frames=6)) as endpoint:
+            yield endpoint, module
     finally:
-        stop.set()
-        server.join(10)
         sys.path.remove(str(tmp))
         sys.modules.pop("store_policy", None)
         shutil.rmtree(tmp, ignore_errors=True)
-    assert not server.is_alive()
 
 
 class Observe:

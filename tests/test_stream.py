@@ -20,6 +20,7 @@ from typing import Any
 import anyio
 import numpy as np
 import pytest
+from serve_util import serving, start_serving
 
 from robotd import framed
 from robotd.link.client import PolicyClient, PolicyError
@@ -28,7 +29,6 @@ from robotd.stream import endpoint as ep
 from robotd.stream import router as router_mod
 from robotd.stream.framing import FrameReader, FrameWriter, StreamBroken, head
 from robotd.stream.router import StreamRouter
-from robotd.worker.server import serve
 
 
 def run(fn: Any) -> Any:
@@ -204,39 +204,18 @@ def short(monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
     shutil.rmtree(path, ignore_errors=True)
 
 
-def _serve_echo(endpoint: str) -> tuple[threading.Thread, threading.Event, str]:
-    """The reference worker serving Echo on `endpoint`, in a thread of this process (so
-    that a test can lower its limits): the thread, its stop, the endpoint it bound."""
-    bound: list[str] = []
-    ready, stop = threading.Event(), threading.Event()
-
-    def on_ready(ep_bound: str) -> None:
-        bound.append(ep_bound)
-        ready.set()
-
-    thread = threading.Thread(
-        target=serve,
-        args=("echo_policy:Echo", endpoint),
-        kwargs={"ready": on_ready, "stop": stop},
-        daemon=True,
-    )
-    thread.start()
-    assert ready.wait(30), "the worker did not start"
-    return thread, stop, bound[0]
-
-
 @pytest.fixture
 def stream_worker(short: Path) -> Iterator[str]:
-    thread, stop, bound = _serve_echo(f"stream+ipc://{short}/w.sock")
-    yield bound
-    stop.set()
-    thread.join(30)
-    assert not thread.is_alive()
+    with serving("echo_policy:Echo", f"stream+ipc://{short}/w.sock") as bound:
+        yield bound
     assert not (short / "w.sock").exists()
 
 
-def _peer(path: Path) -> socket.socket:
-    """A bare connection to the worker's socket, nothing of robotd's client in the way."""
+def _peer(endpoint: str) -> socket.socket:
+    """A bare connection to the worker's stream+ipc socket, nothing of robotd's client in
+    the way."""
+    path = ep.ipc_file(endpoint)
+    assert path is not None
     s = socket.socket(socket.AF_UNIX)
     s.connect(str(path))
     return s
@@ -247,14 +226,11 @@ def _act(client: PolicyClient, step: int, v: float) -> Any:
 
 
 def test_a_hostile_peer_is_closed_and_the_others_are_served(stream_worker: str) -> None:
-    path = ep.ipc_file(stream_worker)
-    assert path is not None
-
     async def main() -> None:
         client = PolicyClient(stream_worker, timeout_s=20)
         await client.connect()
         for junk in (struct.pack("<I", 0), struct.pack("<IQ", 1, 1 << 40), b"\xff" * 64):
-            bad = _peer(path)
+            bad = _peer(stream_worker)
             bad.sendall(junk)
             bad.settimeout(20)
             assert bad.recv(16) == b""  # closed by the worker, nothing answered
@@ -272,16 +248,13 @@ def _rss_bytes() -> int:
 
 def test_a_frame_claimed_but_not_sent_costs_no_memory(stream_worker: str) -> None:
     """A peer's prefix may claim up to 1 GiB; memory is given only as bytes arrive."""
-    path = ep.ipc_file(stream_worker)
-    assert path is not None
-
     async def main() -> None:
         client = PolicyClient(stream_worker, timeout_s=20)
         await client.connect()
         before = _rss_bytes()
         claims = []
         for _ in range(4):  # 4 x 768 MiB claimed, 1 kB each sent
-            s = _peer(path)
+            s = _peer(stream_worker)
             s.sendall(struct.pack("<IQ", 1, 768 << 20) + bytes(1000))
             claims.append(s)
         # The worker reads a peer's bytes in the pass that finds them, before later ones.
@@ -299,18 +272,15 @@ def test_peers_over_the_limit_are_refused_and_the_first_still_served(
     stream_worker: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setattr(router_mod, "MAX_PEERS", 3)
-    path = ep.ipc_file(stream_worker)
-    assert path is not None
-
     async def main() -> None:
         client = PolicyClient(stream_worker, timeout_s=20)
         await client.connect()  # peer 1
         extra = []
         for _ in range(2):  # peers 2 and 3
-            s = _peer(path)
+            s = _peer(stream_worker)
             extra.append(s)
         await _act(client, 1, 1.0)  # the worker has accepted them all by now
-        over = _peer(path)  # accepted by the kernel, closed by the worker
+        over = _peer(stream_worker)  # accepted by the kernel, closed by the worker
         over.settimeout(20)
         assert over.recv(16) == b""
         assert (await _act(client, 2, 3.0)).actions[0, 0] == 3.0
@@ -413,15 +383,14 @@ def test_the_client_finds_a_restarted_worker_again(short: Path) -> None:
     endpoint = f"stream+ipc://{short}/w.sock"
 
     async def main() -> None:
-        thread, stop, _ = _serve_echo(endpoint)
+        worker = start_serving("echo_policy:Echo", endpoint)
         client = PolicyClient(endpoint, timeout_s=20)
         await client.connect()
         assert (await _act(client, 1, 1.0)).actions[0, 0] == 1.0
-        stop.set()
-        await anyio.to_thread.run_sync(thread.join, 30)
+        await anyio.to_thread.run_sync(worker.stop)
         with pytest.raises(TimeoutError):
             await client.act("S", 2, [2], [{"v": 2.0}], timeout_s=0.5)
-        thread, stop, _ = _serve_echo(endpoint)
+        worker = start_serving("echo_policy:Echo", endpoint)
         with anyio.fail_after(30):
             while True:  # redialled within RECONNECT_S of the worker binding again
                 try:
@@ -431,8 +400,7 @@ def test_the_client_finds_a_restarted_worker_again(short: Path) -> None:
                     continue
         assert result.actions[0, 0] == 3.0
         await client.close()
-        stop.set()
-        await anyio.to_thread.run_sync(thread.join, 30)
+        await anyio.to_thread.run_sync(worker.stop)
 
     run(main)
 

@@ -3,6 +3,7 @@ observe socket, real shared-memory camera rings and, for the act path, a real wo
 
 from __future__ import annotations
 
+import functools
 import importlib
 import logging
 import os
@@ -28,9 +29,9 @@ from robotd.link.steps import FrameLost, LinkCounters, RingFrames, StepReader, S
 from robotd.link.uplink import Uplink, UplinkLimits
 from robotd.link.windows import WindowPlanner
 from robotd.shm import FrameRing
-from robotd.worker.server import serve
 from tests.fake_router import FakeRouter
 from tests.lane_util import plain
+from tests.serve_util import serving
 
 HZ = 30.0
 KEYS = ["cam", "joints.pos", "joints.vel"]
@@ -448,18 +449,10 @@ def test_what_the_worker_lacks_goes_inline_and_the_act_is_asked_again(
     (sockdir / "uplink_policy.py").write_text(POLICY)
     sys.path.insert(0, str(sockdir))
     module = importlib.import_module("uplink_policy")
-    bound: list[str] = []
-    listening, stop = threading.Event(), threading.Event()
-    server = threading.Thread(
-        target=serve,
-        args=("uplink_policy:Windowed", f"ipc://{sockdir}/w.sock"),
-        kwargs={"ready": lambda ep: (bound.append(ep), listening.set()), "stop": stop},
-    )
-    server.start()
     chunks: list[dict[str, Any]] = []
 
-    async def main() -> None:
-        client = PolicyClient(bound[0], timeout_s=10)
+    async def main(endpoint: str) -> None:
+        client = PolicyClient(endpoint, timeout_s=10)
         hello = await client.connect(observe=True)
         plan = WindowPlanner(hello.observations.resolve(HZ), KEYS)
         # An uplink that never runs: nothing goes up ahead, so the worker lacks it all.
@@ -482,11 +475,9 @@ def test_what_the_worker_lacks_goes_inline_and_the_act_is_asked_again(
         await client.close()
 
     try:
-        assert listening.wait(10)
-        run(main)
+        with serving("uplink_policy:Windowed", f"ipc://{sockdir}/w.sock") as endpoint:
+            run(functools.partial(main, endpoint))
     finally:
-        stop.set()
-        server.join(10)
         sys.path.remove(str(sockdir))
         sys.modules.pop("uplink_policy", None)
     assert [c["k"] for c in chunks] == ["rows"]
