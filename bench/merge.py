@@ -57,7 +57,6 @@ from bench._common import BenchError, emit_json, print_table, ratio, run_main
 MODES = ("sync", "naive", "replace", "fade", "ensemble", "rtc", "auto")
 LATENCIES_MS = (0, 50, 100, 200, 400)
 JITTER = (200, 0.5)  # the jittered run: latency ms, uniform spread (±50%)
-BLEND_STEP = 0.03  # DotFollower's default: the most of a seam's offset removed per row
 # rtc's trade at 200 ms: the blend's bound per row, up to one that removes any seam at once
 FRONTIER = (0.015, 0.03, 0.05, 0.08, 0.12, 10.0)
 
@@ -103,7 +102,7 @@ def run_one(
     latency_ms: int,
     jitter: float,
     args: argparse.Namespace,
-    blend_step: float = BLEND_STEP,
+    blend_step: float | None = None,
 ) -> dict[str, Any]:
     """One virtual run; the result row of the JSON line."""
     from robotd.demo import DotFollower
@@ -113,9 +112,9 @@ def run_one(
     latency: Any = latency_ms / 1e3
     if jitter:
         latency = jittered(latency, jitter, seed=args.seed)
-    policy = DotFollower(
-        latency_ms=0, horizon=args.horizon, rtc=mode == "rtc", blend_step=blend_step
-    )
+    # blend_step: the most of a seam's offset removed per row (None: DotFollower's own)
+    bound = {} if blend_step is None else {"blend_step": blend_step}
+    policy = DotFollower(latency_ms=0, horizon=args.horizon, rtc=mode == "rtc", **bound)
     result = run_virtual(
         _config(mode, args),
         policy,

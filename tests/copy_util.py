@@ -141,9 +141,6 @@ class _NoWait:
     def __init__(self, sock: socket.socket) -> None:
         self.sock = sock
 
-    def recv_into(self, buf: Any, n: int = 0) -> int:
-        return self.sock.recv_into(buf, n, socket.MSG_DONTWAIT)
-
     def recvmsg_into(self, buffers: Any) -> tuple[int, Any, int, Any]:
         return self.sock.recvmsg_into(buffers, 0, socket.MSG_DONTWAIT)
 

@@ -52,20 +52,9 @@ class StreamEnded(StreamBroken):
     """The peer closed the stream, between messages or in one (no framing was broken)."""
 
 
-def _recv(sock: Any, buf: Any, n: int) -> int | None:
-    """Bytes read into buf (0: the peer's end), None when nothing waits; StreamBroken when
-    the socket failed."""
-    try:
-        return sock.recv_into(buf, n)
-    except (BlockingIOError, InterruptedError):
-        return None
-    except OSError as err:
-        raise StreamBroken(f"the stream failed: {err}") from None
-
-
-def _recv_many(sock: Any, views: list[memoryview]) -> int | None:
-    """Bytes read into `views`, in order (0: the peer's end), None when nothing waits;
-    StreamBroken when the socket failed."""
+def _read(sock: Any, views: list[memoryview]) -> int | None:
+    """Bytes read into `views`, in order, in one system call (0: the peer's end), None
+    when nothing waits; StreamBroken when the socket failed."""
     try:
         return sock.recvmsg_into(views)[0]
     except (BlockingIOError, InterruptedError):
@@ -194,7 +183,7 @@ class FrameReader:
 
     def __init__(self, max_bytes: int) -> None:
         self.max_bytes = max_bytes
-        self._scratch = bytearray(SCRATCH)
+        self._scratch = memoryview(bytearray(SCRATCH))
         self._prefix = bytearray()  # the prefix read so far
         self._need = COUNT.size  # prefix bytes wanted before it can be parsed further
         self._frames: list[Frame] = []  # the message being filled
@@ -214,13 +203,12 @@ class FrameReader:
                 # The rest of this frame and the frames after it, in one read: a scatter
                 # read costs one system call where a read per frame costs one each.
                 views = self._rest()
-                asked = sum(len(v) for v in views)
-                n = _recv_many(sock, views)
             else:
                 # A prefix or a small frame: little at a time, so that a large frame after
                 # it is read straight into its own buffer, not through this one.
-                asked = self._small_read(frame)
-                n = _recv(sock, self._scratch, asked)
+                views = [self._scratch[: self._small_read(frame)]]
+            asked = sum(len(v) for v in views)
+            n = _read(sock, views)
             if n is None:
                 return done
             if n == 0:
@@ -231,7 +219,7 @@ class FrameReader:
             if direct:
                 self._filled(n, done)
             else:
-                self._consume(memoryview(self._scratch)[:n], done)
+                self._consume(self._scratch[:n], done)
             if not self._frames and not self._prefix and (n < asked or done):
                 # At a message's end, drained or with a message to hand out: stop here
                 # rather than pay for a read that would most likely only say "nothing

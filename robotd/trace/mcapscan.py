@@ -18,11 +18,11 @@ from typing import BinaryIO
 
 MAGIC = b"\x89MCAP0\r\n"
 OP_HEADER, OP_FOOTER, OP_SCHEMA, OP_CHANNEL, OP_MESSAGE, OP_CHUNK = 1, 2, 3, 4, 5, 6
-OP_MESSAGE_INDEX, OP_METADATA, OP_DATA_END = 0x07, 0x0C, 0x0F
+OP_MESSAGE_INDEX, OP_ATTACHMENT, OP_METADATA, OP_DATA_END = 0x07, 0x09, 0x0C, 0x0F
 _KNOWN = set(range(0x01, 0x10))  # the opcodes the MCAP spec defines
 # What the data section may hold outside chunks (the MCAP spec's header, schemas,
 # channels, metadata, attachments and the data end; chunks and their indexes apart)
-_DATA_SECTION = {OP_HEADER, OP_SCHEMA, OP_CHANNEL, 0x09, OP_METADATA, OP_DATA_END}
+_DATA_SECTION = {OP_HEADER, OP_SCHEMA, OP_CHANNEL, OP_ATTACHMENT, OP_METADATA, OP_DATA_END}
 _HEAD = struct.Struct("<BQ")
 _MSG = struct.Struct("<HIQQ")
 MAX_RECORD = 1 << 30

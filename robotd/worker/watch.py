@@ -10,15 +10,13 @@ from typing import Any
 
 import zmq
 
-from robotd.stream.router import StreamRouter
+from robotd.stream.router import POLLIN, POLLOUT, StreamRouter
 from robotd.worker.channel import ChannelClosed
 from robotd.worker.death import Loss
 from robotd.worker.pool import Pool
 from robotd.worker.slots import Slot
 
 BROKEN_S = 2.0
-# The poller's flags as plain ints: zmq's are enum flags, and `&` on those costs microseconds.
-POLLIN, POLLOUT = int(zmq.POLLIN), int(zmq.POLLOUT)
 
 
 class Watch:
