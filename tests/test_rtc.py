@@ -203,6 +203,45 @@ def test_each_realtime_ask_carries_the_delay_and_the_frozen_prefix() -> None:
     assert lane.k.counters.delay_overruns == 1
 
 
+def _late_answer(rtc: bool, late_by: int) -> tuple[np.ndarray, list[np.ndarray]]:
+    """Asked at step 4 with a delay of 3 (prefix: steps 4, 5, 6), answered at 7 + late_by:
+    (the last row played before the answer, the rows played from then on)."""
+    lane = Lane("control.refill_steps=6", "control.delay_margin_steps=0",
+                "control.fade_steps=5", rtc=rtc)  # fmt: skip
+    for _ in range(3):
+        lane.tick()
+    lane.answer(ramp(0, 10, 1.0))  # merged at step 3: took 3, so the next act predicts 3
+    played = [lane.tick().copy() for _ in range(4 + late_by)]  # steps 3 .. 6 + late_by
+    ask = lane.asks()[-1]
+    assert ask.s == 4 and ask.rtc is not None and ask.rtc.delay == 3
+    lane.answer(ramp(4, 20, 2.0))
+    return played[-1], [lane.tick().copy() for _ in range(5)]
+
+
+def test_an_rtc_answer_on_time_plays_as_the_policy_continued_the_prefix() -> None:
+    last, after = _late_answer(rtc=True, late_by=0)  # merged at step 7, right after the prefix
+    assert round(last[1] * 100) == 1  # step 6: the prefix's last row
+    np.testing.assert_allclose(np.stack(after), ramp(7, 5, 2.0))  # the answer's own rows
+
+
+def test_an_rtc_answer_later_than_its_prefix_is_faded_in_from_the_last_row_played() -> None:
+    """Its policy continued the prefix's last row (step 6); the robot has since played the
+    rest of the queue (steps 7, 8), so the seam is where the robot is: faded as merge="fade"
+    does, over fade_steps, and the gripper (the last joint) is never blended."""
+    last, after = _late_answer(rtc=True, late_by=2)  # merged at step 9
+    assert np.allclose(last, ramp(8, 1, 1.0)[0])  # step 8: the old chunk's rest played
+    new = ramp(9, 5, 2.0)
+    offset = np.where([True, True, False], last - new[0], 0.0)
+    weights = np.array([0.8, 0.6, 0.4, 0.2, 0.0])
+    np.testing.assert_allclose(np.stack(after), new + weights[:, None] * offset)
+    assert abs(after[0][1] - last[1]) == pytest.approx(abs(offset[1]) / 5)
+
+
+def test_a_late_answer_without_an_rtc_contract_replaces_at_once() -> None:
+    last, after = _late_answer(rtc=False, late_by=2)
+    np.testing.assert_allclose(np.stack(after), ramp(9, 5, 2.0))  # replace: no fade
+
+
 def test_without_an_rtc_contract_the_answer_replaces_the_prefix_as_before() -> None:
     lane = Lane("control.refill_steps=6", rtc=False)
     for _ in range(3):

@@ -11,7 +11,10 @@ Real-time chunking: every realtime aligned ask carries the predicted delay d
 the rest of the queue apart). With a contract that says the policy takes them, those
 rows are promised: no merge changes a row for a step before the furthest prefix handed
 out. An answer merged at t > s + d was later than predicted: counted in
-`delay_overruns`. With `refill_steps = "auto"` the next act is asked when the rows left
+`delay_overruns`. An rtc answer merged once every row of its act's frozen prefix has
+played (late, or asked with fewer rows queued than its delay) continued a seam the robot
+has passed: it played other rows, or held, meanwhile. So that answer is faded in from the last row played, as
+merge = "fade" does, over fade_steps. With `refill_steps = "auto"` the next act is asked when the rows left
 fall to the predicted delay plus a margin.
 """
 
@@ -68,6 +71,7 @@ class Playback:
         self._ask_ns = 0
         self._ask_delay = 0  # the delay the act in flight predicted (0: none)
         self._frozen_until = 0  # no merge changes a queued row for a step before this
+        self._prefix_end = 0  # the step after the frozen prefix of the act in flight (0: none)
         self._retry_at_tick = 0
         self._pending: list[Chunk] = []
 
@@ -86,7 +90,7 @@ class Playback:
         self.in_flight = None
         self._retry_at_tick = 0
         self._pending.clear()
-        self._frozen_until = 0
+        self._frozen_until = self._prefix_end = 0
         return self.queue.flush(keep_seam=keep_seam)
 
     def refill(self) -> int:
@@ -118,6 +122,7 @@ class Playback:
         self.in_flight = self._ask_id
         self._ask_ns = now_ns
         self.counters.acts += 1
+        self._prefix_end = 0
         rtc = self._rtc(step) if self._rtc_acts else None
         return Ask(self._ask_id, wep, step, episode, len(self.queue), rtc)
 
@@ -126,7 +131,8 @@ class Playback:
         d = self._ask_delay = self.delay.predict()
         ahead = self.queue.ahead(step)
         n = min(d, ahead.shape[0])
-        if self.rtc:
+        if self.rtc and n:
+            self._prefix_end = step + n
             self._frozen_until = max(self._frozen_until, step + n)
         prefix = Rows.of(ahead[:n]) if n else None
         rest = Rows.of(ahead[n:]) if ahead.shape[0] > n else None
@@ -150,8 +156,9 @@ class Playback:
             self._bad(chunk, f"rows of shape {list(rows.shape)}; this robot needs (H >= 1, {dim})")
             return
         keep = self._frozen_until if self.rtc else None
+        past = 0 < self._prefix_end < step  # the act's frozen prefix has all played
         try:
-            result = self.queue.merge(rows, chunk.step, step, keep_before=keep)
+            result = self.queue.merge(rows, chunk.step, step, keep_before=keep, fade_seam=past)
         except ValueError as exc:  # NaN/inf or non-numeric rows: refused whole, hold
             self._bad(chunk, str(exc)[:200])
             return

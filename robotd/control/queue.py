@@ -33,7 +33,10 @@ Merge modes (realtime aligned only; sync and naive always replace):
 Frozen rows (real-time chunking): ``merge(..., keep_before=f)`` leaves the queued rows meant
 for steps before ``f`` exactly as they are (they were promised to a policy as its frozen
 prefix); the chunk's own rows for those steps are dropped, and in every mode the chunk takes
-effect from ``max(now_step, f)`` on (fade blends from the last kept row).
+effect from ``max(now_step, f)`` on (fade blends from the last kept row). With
+``fade_seam=True`` a replace merge that keeps nothing fades as ``fade`` does, from the last
+row played: the lane asks it for a real-time chunking answer that came after its frozen
+prefix had played, whose policy continued a seam the robot has already passed.
 
 Hot path: :meth:`pop` does no array allocation (it copies one row into a preallocated buffer);
 all allocation happens in :meth:`merge`, once per chunk.
@@ -147,12 +150,19 @@ class ActionQueue:
 
     # ------------------------------------------------------------------ merging
     def merge(
-        self, chunk: np.ndarray, from_step: int, now_step: int, keep_before: int | None = None
+        self,
+        chunk: np.ndarray,
+        from_step: int,
+        now_step: int,
+        keep_before: int | None = None,
+        *,
+        fade_seam: bool = False,
     ) -> MergeResult:
         """Merge ``chunk`` (H x dim) computed from ``from_step``, arriving before the action of
         ``now_step`` is chosen; realtime aligned keeps the queued rows for steps before
-        ``keep_before`` (frozen). Raises ValueError on a bad chunk or bad steps (queue
-        unchanged)."""
+        ``keep_before`` (frozen); ``fade_seam``: fade from the last row played when nothing
+        is kept, whatever the merge mode but ensemble. Raises ValueError on a bad chunk or
+        bad steps (queue unchanged)."""
         rows = self._validate_chunk(chunk)
         from_step, now_step = self._check_merge_steps(from_step, now_step)
         self.counters.chunks += 1
@@ -183,7 +193,7 @@ class ActionQueue:
             self.counters.replaced_rows += len(self) - keep
             self._install(np.concatenate([kept, fresh]), now_step)
         else:
-            if self.cfg.merge == "fade" and self._has_last:
+            if (self.cfg.merge == "fade" or fade_seam) and self._has_last:
                 self._fade(fresh, self._last)
             self._replace(fresh, now_step)
         return MergeResult(dropped=drop, stale=False, played_from=min(cut, height))
