@@ -238,7 +238,7 @@ def test_an_rtc_answer_later_than_its_prefix_is_faded_in_from_the_last_row_playe
 
 
 def test_a_late_answer_without_an_rtc_contract_replaces_at_once() -> None:
-    last, after = _late_answer(rtc=False, late_by=2)
+    _, after = _late_answer(rtc=False, late_by=2)
     np.testing.assert_allclose(np.stack(after), ramp(9, 5, 2.0))  # replace: no fade
 
 

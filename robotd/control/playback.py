@@ -13,9 +13,10 @@ rows are promised: no merge changes a row for a step before the furthest prefix 
 out. An answer merged at t > s + d was later than predicted: counted in
 `delay_overruns`. An rtc answer merged once every row of its act's frozen prefix has
 played (late, or asked with fewer rows queued than its delay) continued a seam the robot
-has passed: it played other rows, or held, meanwhile. So that answer is faded in from the last row played, as
-merge = "fade" does, over fade_steps. With `refill_steps = "auto"` the next act is asked when the rows left
-fall to the predicted delay plus a margin.
+has passed: it played other rows, or held, meanwhile. So that answer is faded in from
+the last row played, as merge = "fade" does, over fade_steps. With `refill_steps =
+"auto"` the next act is asked when the rows left fall to the predicted delay plus a
+margin.
 """
 
 from __future__ import annotations
