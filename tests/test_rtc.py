@@ -5,6 +5,7 @@ refill warning for "auto"."""
 from __future__ import annotations
 
 import logging
+import math
 
 import numpy as np
 import pytest
@@ -12,7 +13,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from robotd.config import load_config
-from robotd.contract import Actions
+from robotd.contract import MAX_RTC_ROWS, Actions
 from robotd.control.delay import DelayPredictor
 from robotd.control.kernel import Chunk, Kernel
 from robotd.control.queue import ActionQueue, QueueConfig
@@ -42,6 +43,21 @@ def test_prediction_is_a_quantile_of_recent_delays_and_never_below_one() -> None
     for d in (2, 7, 3):
         top.add(d)
     assert (top.predict(), top.refill()) == (7, 7)
+
+
+def test_one_act_that_took_minutes_still_leaves_an_ask_the_lane_can_send() -> None:
+    """A first act that took 2.5 min at 30 Hz (a server back after an outage) is 4500 steps:
+    the prediction stops at the lane's bound, so the next Ask still crosses to the main
+    process instead of being refused there, which would leave the act in flight for good."""
+    from robotd.lane import codec
+    from robotd.lane.messages import MAX_ROWS, Ask
+
+    p = DelayPredictor()
+    p.add(4500)
+    assert p.predict() == MAX_ROWS and p.refill() == MAX_ROWS + 1
+    ask = Ask(2, "w", 4500, 1, 0, Rtc(p.predict(), None, None))
+    (back,) = codec.decode_up_batch(codec.encode_batch([ask]))
+    assert back == ask
 
 
 @settings(max_examples=200, deadline=None)
@@ -138,6 +154,30 @@ def test_fade_after_frozen_rows_starts_from_the_last_of_them() -> None:
     assert q.pop(5) is None
 
 
+def test_an_answer_with_rows_only_for_frozen_steps_is_stale_and_the_queue_keeps_its_rows() -> None:
+    """A policy whose horizon is shorter than the frozen prefix gives nothing to merge: the
+    rows queued after the prefix (the old chunk's rest) must still play, not be discarded."""
+    q = ActionQueue(QueueConfig(dim=1, timing="realtime"))
+    q.merge(np.arange(10.0)[:, None], 0, 0)  # rows for steps 0..9
+    q.pop(0)
+    q.pop(1)
+    res = q.merge(np.full((3, 1), 50.0), 1, 2, keep_before=6)  # rows for steps 1..3: 2, 3 frozen
+    assert res.stale and q.counters.stale_chunks == 1
+    np.testing.assert_array_equal(q.ahead(2)[:, 0], np.arange(2.0, 10.0))
+
+
+def test_rows_for_skipped_steps_do_not_count_as_left() -> None:
+    """After steps were skipped (an overrun), the rows meant for them will never play: the
+    ask comes when the rows left for the coming step reach refill_steps, not a tick late."""
+    q = ActionQueue(QueueConfig(dim=1, timing="realtime", refill_steps=6))
+    q.merge(np.arange(12.0)[:, None], 0, 0)  # rows for steps 0..11
+    for t in range(5):
+        q.pop(t)
+    assert len(q) == 7 and q.left(5) == 7 and not q.should_ask(False, step=5)
+    assert q.left(7) == 5 and q.should_ask(False, step=7)  # steps 5, 6 skipped
+    assert q.left(20) == 0
+
+
 def test_should_ask_with_auto_needs_the_callers_threshold() -> None:
     q = ActionQueue(QueueConfig(dim=1, timing="realtime", refill_steps="auto"))
     q.merge(np.zeros((3, 1)), 0, 0)
@@ -203,11 +243,13 @@ def test_each_realtime_ask_carries_the_delay_and_the_frozen_prefix() -> None:
     assert lane.k.counters.delay_overruns == 1
 
 
-def _late_answer(rtc: bool, late_by: int) -> tuple[np.ndarray, list[np.ndarray]]:
+def _late_answer(
+    rtc: bool, late_by: int, *overrides: str
+) -> tuple[np.ndarray, list[np.ndarray]]:
     """Asked at step 4 with a delay of 3 (prefix: steps 4, 5, 6), answered at 7 + late_by:
-    (the last row played before the answer, the rows played from then on)."""
+    (the last target played before the answer, the targets played from then on)."""
     lane = Lane("control.refill_steps=6", "control.delay_margin_steps=0",
-                "control.fade_steps=5", rtc=rtc)  # fmt: skip
+                "control.fade_steps=5", *overrides, rtc=rtc)  # fmt: skip
     for _ in range(3):
         lane.tick()
     lane.answer(ramp(0, 10, 1.0))  # merged at step 3: took 3, so the next act predicts 3
@@ -235,6 +277,14 @@ def test_an_rtc_answer_later_than_its_prefix_is_faded_in_from_the_last_row_playe
     weights = np.array([0.8, 0.6, 0.4, 0.2, 0.0])
     np.testing.assert_allclose(np.stack(after), new + weights[:, None] * offset)
     assert abs(after[0][1] - last[1]) == pytest.approx(abs(offset[1]) / 5)
+
+
+def test_a_late_rtc_answer_of_deltas_is_not_faded() -> None:
+    """A delta is not a position: blending it toward the last one played would move the
+    robot where the policy did not ask."""
+    last, after = _late_answer(True, 2, 'control.control_mode="delta"')
+    moved = np.diff(np.stack([last, *after]), axis=0)
+    np.testing.assert_allclose(moved[:, :2], ramp(9, 5, 2.0)[:, :2])  # the answer's deltas
 
 
 def test_a_late_answer_without_an_rtc_contract_replaces_at_once() -> None:
@@ -302,6 +352,36 @@ def test_rtc_request_is_resampled_to_the_policys_rate() -> None:
     both = np.concatenate([got["prefix"], got["rest"]])
     np.testing.assert_allclose(both[:, 0], np.arange(both.shape[0]) / 15.0)
     assert got["prefix"].shape[0] == 3  # rows at 0, 1/15, 2/15 s fall within the prefix
+
+
+@pytest.mark.parametrize("hz", [60.0, 45.0, 20.0])
+def test_a_faster_or_slower_policy_is_told_frozen_rows_from_the_prefix_alone(hz: float) -> None:
+    """A policy row timed after the prefix's last step, but before the next, is frozen: it
+    plays the prefix's last row (what the robot commands until the next step), never a mix
+    with the rest, which is not promised; with or without a rest it is the same prefix."""
+    prefix, rest = np.array([[0.0], [1.0], [2.0]]), np.array([[10.0], [11.0]])
+    told = [
+        rtc_request(Rtc(3, rows_of(prefix), r), Actions(hz=hz), 30.0, 1)
+        for r in (rows_of(rest), None)
+    ]
+    assert told[0] is not None and told[1] is not None
+    np.testing.assert_array_equal(told[0]["prefix"], told[1]["prefix"])
+    times = np.arange(told[0]["prefix"].shape[0]) / hz
+    assert told[0]["prefix"].shape[0] == math.ceil(3 * hz / 30.0 - 1e-9)  # times in [0, 0.1)
+    np.testing.assert_allclose(told[0]["prefix"][:, 0], np.minimum(times * 30.0, 2.0))
+    assert told[0]["rest"].shape[0] >= 1 and told[0]["rest"][0, 0] > 2.0
+
+
+def test_rtc_request_at_a_faster_policy_rate_stays_within_the_workers_bounds() -> None:
+    """2100 control steps are 4200 rows at twice the rate: the worker takes at most
+    MAX_RTC_ROWS, so the delay and the rows are bounded here rather than every act refused."""
+    from robotd.worker.requests import rtc_value
+
+    rows = rows_of(np.zeros((2100, 2)))
+    got = rtc_request(Rtc(2100, rows, rows_of(np.zeros((2500, 2)))), Actions(hz=60), 30.0, 2)
+    assert got is not None and got["delay"] == MAX_RTC_ROWS
+    assert got["prefix"].shape[0] <= MAX_RTC_ROWS and got["rest"].shape[0] == MAX_RTC_ROWS
+    rtc_value(got)  # the worker's own check: accepted
 
 
 def test_rtc_request_refuses_rows_of_another_robot() -> None:

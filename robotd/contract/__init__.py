@@ -18,6 +18,8 @@ from robotd.contract.models import Actions, Camera, Observations, Stream
 from robotd.contract.resolved import ResolvedObservations, ResolvedStream
 from robotd.contract.rules import (
     MAX_IMAGE_SIDE,
+    MAX_RTC_DIM,
+    MAX_RTC_ROWS,
     MAX_STEPS,
     MAX_STREAMS,
     MAX_WINDOW,
@@ -26,6 +28,8 @@ from robotd.contract.rules import (
 
 __all__ = [
     "MAX_IMAGE_SIDE",
+    "MAX_RTC_DIM",
+    "MAX_RTC_ROWS",
     "MAX_STEPS",
     "MAX_STREAMS",
     "MAX_WINDOW",

@@ -120,7 +120,7 @@ class Stream(_Model):
 
 
 class Observations(_Model):
-    """What a policy reads (SPEC §2).
+    """What a policy reads: which keys, at which steps (docs/contract.md).
 
     streams: key -> Stream; only these keys are captured and sent. Empty: undeclared,
       the whole observation of the act's step alone.
@@ -230,7 +230,7 @@ class Observations(_Model):
 
 
 class Actions(_Model):
-    """How a policy's answer is shaped (SPEC §3).
+    """How a policy's answer is shaped and played (docs/contract.md).
 
     key: the answer's field holding the rows (None: the answer itself). hz: the rate rows
     play at (> 0; None: the control rate). open_loop_horizon: at most this many rows play

@@ -13,6 +13,8 @@ MAX_STREAMS = 64
 MAX_WINDOW = 256
 MAX_IMAGE_SIDE = 16384
 MAX_STEPS = 10_000_000  # |offset| or every, in steps, after resolving
+MAX_RTC_ROWS = 4096  # an act's rtc: its delay, and the rows of its prefix and rest, each
+MAX_RTC_DIM = 1024  # an act's rtc: values per row
 _MAX_SHOWN = 5
 
 Loc = tuple[str | int, ...]

@@ -9,7 +9,9 @@ left fall to `d + margin` (`refill()`): the margin covers a delay above the quan
 that such an act still finds rows to play instead of holding.
 
 Before any act was measured `d` is 1: the run's first act has nothing to go on (its queue
-is empty, so nothing is frozen either).
+is empty, so nothing is frozen either). `d` is at most the lane's bound on an ask's delay
+(MAX_ROWS steps): one act that took minutes (a cold start, a server back after an outage)
+must not make the next ask one the lane cannot send.
 """
 
 from __future__ import annotations
@@ -17,6 +19,8 @@ from __future__ import annotations
 import bisect
 import math
 from collections import deque
+
+from robotd.lane.messages import MAX_ROWS
 
 WINDOW = 32  # recent acts the quantile is taken over: a link that slows down is seen soon
 
@@ -51,10 +55,10 @@ class DelayPredictor:
             del self._ranked[bisect.bisect_left(self._ranked, self._recent.popleft())]
         self._recent.append(steps)
         bisect.insort(self._ranked, steps)
-        self._predicted = max(1, self._ranked[self._rank[len(self._ranked)] - 1])
+        self._predicted = min(MAX_ROWS, max(1, self._ranked[self._rank[len(self._ranked)] - 1]))
 
     def predict(self) -> int:
-        """The next act's delay in steps (>= 1); O(1), it is read every tick."""
+        """The next act's delay in steps (1..MAX_ROWS); O(1), it is read every tick."""
         return self._predicted
 
     def refill(self) -> int:

@@ -94,6 +94,7 @@ class Kernel:
             counters=self.counters,
             emit=emit,
             delay=DelayPredictor(cfg.control.delay_quantile, cfg.control.delay_margin_steps),
+            absolute=cfg.control.control_mode == "absolute",
         )
         self.recorder = StepRecorder(
             {name: int(cam.max_age_ms * 1e6) for name, cam in cfg.cameras.items()}, self.counters
@@ -247,7 +248,7 @@ class Kernel:
         self.emit(rec)
         pb = self.playback
         pb.merge_pending(wep=self.wep, step=self.step, now_ns=now_ns)
-        if rec.ok and pb.should_ask(self.counters.ticks):
+        if rec.ok and pb.should_ask(self.counters.ticks, self.step):
             self._ask()
         self._shield_outcome = ""
         row = pb.pop(self.step)

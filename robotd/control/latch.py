@@ -1,7 +1,7 @@
 """The fault latch: what FAULT does to the drives, and what clearing it takes.
 
 FAULT itself is a state of the EpisodeMachine; this class owns its consequences:
-- the e-stop category (SPEC §7): 0 turns torque off at once; 1 holds the last approved
+- the e-stop category (safety.estop_category): 0 turns torque off at once; 1 holds the last approved
   target for a controlled stop (`stop_ticks`), then turns torque off;
 - after clear_fault, torque on again and the shield re-anchored where the joints are now
   (they may have sagged or been pushed while torque was off: never jump back);

@@ -14,7 +14,8 @@ out. An answer merged at t > s + d was later than predicted: counted in
 `delay_overruns`. An rtc answer merged once every row of its act's frozen prefix has
 played (late, or asked with fewer rows queued than its delay) continued a seam the robot
 has passed: it played other rows, or held, meanwhile. So that answer is faded in from
-the last row played, as merge = "fade" does, over fade_steps. With `refill_steps =
+the last row played, as merge = "fade" does, over fade_steps (control_mode "absolute" only: delta and velocity
+rows are not positions, and blending one toward the last played would add motion). With `refill_steps =
 "auto"` the next act is asked when the rows left fall to the predicted delay plus a
 margin.
 """
@@ -57,6 +58,7 @@ class Playback:
         counters: Counters,
         emit: Emit,
         delay: DelayPredictor | None = None,
+        absolute: bool = True,
     ) -> None:
         self._qcfg = qcfg
         self.queue = ActionQueue(qcfg)
@@ -66,6 +68,7 @@ class Playback:
         self.ask_latency = AskLatency()
         self.delay = delay or DelayPredictor()
         self.rtc = False  # the policy takes the frozen prefix: the merge keeps it
+        self._absolute = absolute  # rows are joint positions (a seam between them can fade)
         self._rtc_acts = qcfg.timing == "realtime" and qcfg.aligned
         self.in_flight: int | None = None  # ask id
         self._ask_id = 0
@@ -112,10 +115,11 @@ class Playback:
         self._retry_at_tick = tick + max(1, int(RETRY_AFTER_S / self.dt))
         return True
 
-    def should_ask(self, tick: int) -> bool:
+    def should_ask(self, tick: int, step: int) -> bool:
+        """Whether to ask before the action of `step` (tick: the lane's tick count)."""
         if tick < self._retry_at_tick:
             return False
-        return self.queue.should_ask(self.in_flight is not None, self.refill())
+        return self.queue.should_ask(self.in_flight is not None, self.refill(), step)
 
     def ask(self, *, wep: str, step: int, episode: int, now_ns: int) -> Ask:
         """Put an act in flight; returns the ask message (the caller emits it)."""
@@ -125,7 +129,7 @@ class Playback:
         self.counters.acts += 1
         self._prefix_end = 0
         rtc = self._rtc(step) if self._rtc_acts else None
-        return Ask(self._ask_id, wep, step, episode, len(self.queue), rtc)
+        return Ask(self._ask_id, wep, step, episode, self.queue.left(step), rtc)
 
     def _rtc(self, step: int) -> Rtc:
         """The act's predicted delay and its frozen prefix (promised, with an rtc contract)."""
@@ -157,7 +161,8 @@ class Playback:
             self._bad(chunk, f"rows of shape {list(rows.shape)}; this robot needs (H >= 1, {dim})")
             return
         keep = self._frozen_until if self.rtc else None
-        past = 0 < self._prefix_end < step  # the act's frozen prefix has all played
+        # the act's frozen prefix has all played (a delta or a velocity is not faded)
+        past = self._absolute and 0 < self._prefix_end < step
         try:
             result = self.queue.merge(rows, chunk.step, step, keep_before=keep, fade_seam=past)
         except ValueError as exc:  # NaN/inf or non-numeric rows: refused whole, hold

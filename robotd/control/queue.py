@@ -33,10 +33,11 @@ Merge modes (realtime aligned only; sync and naive always replace):
 Frozen rows (real-time chunking): ``merge(..., keep_before=f)`` leaves the queued rows meant
 for steps before ``f`` exactly as they are (they were promised to a policy as its frozen
 prefix); the chunk's own rows for those steps are dropped, and in every mode the chunk takes
-effect from ``max(now_step, f)`` on (fade blends from the last kept row). With
-``fade_seam=True`` a replace merge that keeps nothing fades as ``fade`` does, from the last
-row played: the lane asks it for a real-time chunking answer that came after its frozen
-prefix had played, whose policy continued a seam the robot has already passed.
+effect from ``max(now_step, f)`` on (fade blends from the last kept row); a chunk with no
+row beyond them is stale, and the queue keeps what it had. With
+``fade_seam=True`` a replace merge fades as ``fade`` does, from the last row played or the
+last frozen row kept: the lane asks it for a real-time chunking answer that came after its
+frozen prefix had played, whose policy continued a seam the robot has already passed.
 
 Hot path: :meth:`pop` does no array allocation (it copies one row into a preallocated buffer);
 all allocation happens in :meth:`merge`, once per chunk.
@@ -59,8 +60,10 @@ __all__ = ["ActionQueue", "MergeMode", "MergeResult", "QueueConfig", "Timing"]
 class MergeResult:
     """What one merge did.
 
-    ``dropped``: rows dropped because their step had passed (all ``H`` rows when stale);
-    ``stale``: the chunk was wholly in the past and was discarded;
+    ``dropped``: rows dropped because their step had passed (all ``H`` rows when wholly past);
+    ``stale``: the chunk had no row to merge and was discarded, the queue unchanged: it was
+    wholly in the past, or its rows not past were all for frozen steps (a horizon shorter
+    than the frozen prefix);
     ``played_from``: index of the first chunk row kept (``H`` when stale).
     """
 
@@ -126,17 +129,26 @@ class ActionQueue:
         """The queued rows that will play from ``step`` on, next first (read-only view, valid
         until the next merge): realtime aligned skips rows meant for earlier steps; sync and
         naive realtime play in order, so it is every queued row."""
-        skip = max(0, min(step - self._front, len(self))) if self._aligned_rt else 0
-        view = self._rows[self._head + skip :]
+        view = self._rows[self._head + self._passed(step) :]
         view.flags.writeable = False
         return view
 
-    def should_ask(self, in_flight: bool, refill: int | None = None) -> bool:
-        """Whether to ask the policy for a chunk now.
+    def left(self, step: int) -> int:
+        """How many queued rows will play from ``step`` on (as :meth:`ahead`, counted)."""
+        return len(self) - self._passed(step)
+
+    def _passed(self, step: int) -> int:
+        """Queued rows meant for steps before ``step`` (realtime aligned; else 0): rows for
+        skipped steps that the next pop discards."""
+        return max(0, min(step - self._front, len(self))) if self._aligned_rt else 0
+
+    def should_ask(self, in_flight: bool, refill: int | None = None, step: int = 0) -> bool:
+        """Whether to ask the policy for a chunk now, before the action of ``step`` (0, or
+        any step not past the front: every queued row counts).
 
         sync: the queue is empty and no act is in flight; realtime: at most ``refill`` rows
-        remain (default ``refill_steps``, which "auto" leaves to the caller) and no act is in
-        flight.
+        remain for ``step`` on (default ``refill_steps``, which "auto" leaves to the caller)
+        and no act is in flight.
         """
         if in_flight:
             return False
@@ -146,7 +158,7 @@ class ActionQueue:
             if self.cfg.refill_steps == "auto":
                 raise ValueError("ActionQueue.should_ask: refill_steps 'auto' needs refill")
             refill = self.cfg.refill_steps
-        return len(self) <= refill
+        return self.left(step) <= refill
 
     # ------------------------------------------------------------------ merging
     def merge(
@@ -160,8 +172,8 @@ class ActionQueue:
     ) -> MergeResult:
         """Merge ``chunk`` (H x dim) computed from ``from_step``, arriving before the action of
         ``now_step`` is chosen; realtime aligned keeps the queued rows for steps before
-        ``keep_before`` (frozen); ``fade_seam``: fade from the last row played when nothing
-        is kept, whatever the merge mode but ensemble. Raises ValueError on a bad chunk or
+        ``keep_before`` (frozen); ``fade_seam``: fade from the last row played (or the last
+        frozen row kept) whatever the merge mode but ensemble. Raises ValueError on a bad chunk or
         bad steps (queue unchanged)."""
         rows = self._validate_chunk(chunk)
         from_step, now_step = self._check_merge_steps(from_step, now_step)
@@ -183,12 +195,15 @@ class ActionQueue:
         # rows kept as they are (frozen), then the chunk from the step after them
         keep = min(max(0, (keep_before or 0) - now_step), len(self))
         cut = drop + keep
+        if cut >= height:  # rows only for frozen steps: nothing to merge, the queue stays
+            self.counters.stale_chunks += 1
+            return MergeResult(dropped=drop, stale=True, played_from=height)
         fresh = rows[cut:]
         if self.cfg.merge == "ensemble":
             self._ensemble(fresh, now_step, keep)
         elif keep:
             kept = self._rows[self._head : self._head + keep]
-            if self.cfg.merge == "fade" and fresh.shape[0]:
+            if (self.cfg.merge == "fade" or fade_seam) and fresh.shape[0]:
                 self._fade(fresh, kept[-1])
             self.counters.replaced_rows += len(self) - keep
             self._install(np.concatenate([kept, fresh]), now_step)

@@ -19,9 +19,9 @@ from typing import Any
 
 import numpy as np
 
-from robotd.contract import Actions
+from robotd.contract import MAX_RTC_ROWS, Actions
 from robotd.lane.messages import Rows, Rtc
-from robotd.link.chunks import resample
+from robotd.link.chunks import ChunkLimits
 
 
 class RtcRefused(ValueError):
@@ -48,6 +48,29 @@ def _dim(rtc: Rtc, dim: int) -> int:
     return given[0] if given else 0
 
 
+def _at_policy_rate(
+    prefix: np.ndarray, rest: np.ndarray, control_hz: float, hz: float
+) -> tuple[np.ndarray, np.ndarray]:
+    """Prefix and rest as rows at the policy's rate: row j is for time j / hz after step s.
+    A frozen row (its time within the prefix's steps, [0, p / control_hz)) is taken from the
+    prefix alone, holding its last row after the last step, since that row is what plays
+    until the next step; the rest is not promised, so its rows interpolate from the
+    prefix's last row on."""
+    frozen = math.ceil(prefix.shape[0] * hz / control_hz - 1e-9)
+    both = np.concatenate([prefix, rest])
+    total = ChunkLimits.resampled_rows(both.shape[0], control_hz, hz) if both.shape[0] else 0
+    times = np.arange(max(frozen, total)) / hz
+    return _interp(prefix, control_hz, times[:frozen]), _interp(both, control_hz, times[frozen:])
+
+
+def _interp(rows: np.ndarray, from_hz: float, times: np.ndarray) -> np.ndarray:
+    """`rows` (played at from_hz from time 0) at `times`, clamped to the first and last."""
+    if rows.shape[0] == 0 or times.size == 0:
+        return np.zeros((0, rows.shape[1]))
+    t_src = np.arange(rows.shape[0]) / from_hz
+    return np.stack([np.interp(times, t_src, rows[:, d]) for d in range(rows.shape[1])], axis=1)
+
+
 def rtc_request(
     rtc: Rtc | None, actions: Actions | None, control_hz: float, dim: int
 ) -> dict[str, Any] | None:
@@ -63,12 +86,12 @@ def rtc_request(
     hz = actions.hz if actions is not None else None
     delay = rtc.delay
     if hz and abs(hz - control_hz) > 1e-9:
-        # Policy row j is for time j / hz; a frozen one is one whose time falls within the
-        # prefix's steps, [0, p / control_hz).
-        both = resample(np.concatenate([prefix, rest]), control_hz, hz)
-        frozen = min(both.shape[0], math.ceil(prefix.shape[0] * hz / control_hz - 1e-9))
-        prefix, rest = both[:frozen], both[frozen:]
+        prefix, rest = _at_policy_rate(prefix, rest, control_hz, hz)
         delay = max(1, math.ceil(rtc.delay * hz / control_hz - 1e-9))
+    # A policy faster than the control loop sees more rows than the lane sent: bounded as
+    # the worker bounds them (the robot keeps its frozen rows whatever the policy is told).
+    delay = min(delay, MAX_RTC_ROWS)
+    prefix, rest = prefix[:delay], rest[:MAX_RTC_ROWS]
     return {
         "delay": int(delay),
         "prefix": np.ascontiguousarray(prefix, dtype=np.float64),

@@ -11,7 +11,7 @@ from typing import Any
 
 import numpy as np
 
-from robotd.contract import MAX_STREAMS
+from robotd.contract import MAX_RTC_DIM, MAX_RTC_ROWS, MAX_STREAMS
 from robotd.stream.endpoint import is_stream, zmq_equivalent
 from robotd.worker.frame import Frame
 
@@ -19,8 +19,6 @@ MAX_STEPS = 65536
 MAX_EPISODE_ID = 256
 MAX_WAIT_S = 600.0
 MAX_KEY = 256  # characters in an observation key named by a skip
-MAX_RTC_ROWS = 4096  # rows of an act's rtc prefix and rest, each
-MAX_RTC_DIM = 1024
 _RTC_KEYS = frozenset({"delay", "prefix", "rest"})
 
 
