@@ -21,11 +21,9 @@ from drivers.base import JointState
 from robotd.config import Config
 from robotd.control import resume
 from robotd.control.counters import Counters
-from robotd.control.delay import DelayPredictor
 from robotd.control.episode import CommandRefused, EpisodeMachine, State
 from robotd.control.latch import FaultLatch
-from robotd.control.playback import Chunk, Playback
-from robotd.control.queue import QueueConfig
+from robotd.control.playback import Chunk, playback_for
 from robotd.control.record import StepRecorder
 from robotd.control.shield import REJECTED, Shield
 from robotd.control.watchdog import Watchdog
@@ -34,21 +32,6 @@ from robotd.lane.messages import Ask, Event, Fault, FrameRef, Status
 Emit = Callable[[Any], None]
 Asker = Callable[[Ask], Chunk | None]
 ESTOP_STOP_S = 0.5  # category 1: hold this long (a controlled stop), then torque off
-
-
-def _queue_config(cfg: Config) -> QueueConfig:
-    c = cfg.control
-    return QueueConfig(
-        dim=len(cfg.joints.names),
-        timing=c.timing,
-        open_loop_horizon=None,
-        refill_steps=c.refill_steps,
-        merge=c.merge,
-        fade_steps=c.fade_steps,
-        ensemble_decay=c.ensemble_decay,
-        grippers=cfg.joints.gripper_indices(),
-        aligned=c.aligned,
-    )
 
 
 def _shield(cfg: Config, dt: float) -> Shield:
@@ -88,14 +71,7 @@ class Kernel:
             event=self._event,
         )
         self.shield = _shield(cfg, self.dt)
-        self.playback = Playback(
-            _queue_config(cfg),
-            dt=self.dt,
-            counters=self.counters,
-            emit=emit,
-            delay=DelayPredictor(cfg.control.delay_quantile, cfg.control.delay_margin_steps),
-            absolute=cfg.control.control_mode == "absolute",
-        )
+        self.playback = playback_for(cfg, dt=self.dt, counters=self.counters, emit=emit)
         self.recorder = StepRecorder(
             {name: int(cam.max_age_ms * 1e6) for name, cam in cfg.cameras.items()}, self.counters
         )

@@ -14,10 +14,10 @@ out. An answer merged at t > s + d was later than predicted: counted in
 `delay_overruns`. An rtc answer merged once every row of its act's frozen prefix has
 played (late, or asked with fewer rows queued than its delay) continued a seam the robot
 has passed: it played other rows, or held, meanwhile. So that answer is faded in from
-the last row played, as merge = "fade" does, over fade_steps (control_mode "absolute" only: delta and velocity
-rows are not positions, and blending one toward the last played would add motion). With `refill_steps =
-"auto"` the next act is asked when the rows left fall to the predicted delay plus a
-margin.
+the last row played, as merge = "fade" does, over fade_steps (control_mode "absolute"
+only: delta and velocity rows are not positions, and blending one toward the last played
+would add motion). With `refill_steps = "auto"` the next act is asked when the rows left
+fall to the predicted delay plus a margin.
 """
 
 from __future__ import annotations
@@ -28,6 +28,7 @@ from typing import Any
 
 import numpy as np
 
+from robotd.config import Config
 from robotd.control.counters import AskLatency, Counters
 from robotd.control.delay import DelayPredictor
 from robotd.control.queue import ActionQueue, QueueConfig
@@ -209,3 +210,27 @@ class Playback:
 
     def _event(self, name: str, **detail: Any) -> None:
         self.emit(Event(name, self.counters.ticks, detail))
+
+
+def playback_for(cfg: Config, *, dt: float, counters: Counters, emit: Emit) -> Playback:
+    """The playback a robot's config asks for (its control section and its joints)."""
+    c = cfg.control
+    qcfg = QueueConfig(
+        dim=len(cfg.joints.names),
+        timing=c.timing,
+        open_loop_horizon=None,
+        refill_steps=c.refill_steps,
+        merge=c.merge,
+        fade_steps=c.fade_steps,
+        ensemble_decay=c.ensemble_decay,
+        grippers=cfg.joints.gripper_indices(),
+        aligned=c.aligned,
+    )
+    return Playback(
+        qcfg,
+        dt=dt,
+        counters=counters,
+        emit=emit,
+        delay=DelayPredictor(c.delay_quantile, c.delay_margin_steps),
+        absolute=c.control_mode == "absolute",  # rows are positions
+    )
