@@ -34,7 +34,7 @@ import numpy as np
 ARRAY_EXT = 1
 MAX_NDIM = 32
 MAX_DEPTH = 32  # containers inside containers; messages are a few levels deep
-MAX_MESSAGE_BYTES = 1 << 30  # 1 GiB, the worker's total in-flight limit (SPEC §4)
+MAX_MESSAGE_BYTES = 1 << 30  # 1 GiB, the worker's total in-flight limit (worker_bytes)
 MAX_STR_LEN = 16 << 20
 MAX_CONTAINER_LEN = 1 << 20
 

@@ -1,4 +1,4 @@
-"""Action queue merging/playing rules (SPEC §3, §5), the hold action and the hold watchdog.
+"""Action queue merging/playing rules (merge modes, timings), the hold action and the hold watchdog.
 
 The property tests simulate a control loop: ticks t = 0..N, chunks of random lengths computed
 from random past steps arriving at random ticks (merged before that tick's pop), and some ticks

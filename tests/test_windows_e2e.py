@@ -1,6 +1,7 @@
-"""The whole path of SPEC §2/§4: the sim robot, the real daemon, its local worker process, and
-a test policy that records what it was handed: exactly the declared steps and keys, frames
-fitted and decoded as declared, uploaded ahead of the acts."""
+"""The whole path of observation windows and their upload ahead: the sim robot, the real
+daemon, its local worker process, and a test policy that records what it was handed:
+exactly the declared steps and keys, frames fitted and decoded as declared, uploaded ahead
+of the acts."""
 
 from __future__ import annotations
 

@@ -148,7 +148,7 @@ class PolicyConfig(_Model):
     # (shorter than control.max_hold_steps / hz; unset, capped at half of it: model.py)
     copies: int = Field(2, ge=0, le=16)
     hang_s: float = Field(5.0, gt=0, le=600)
-    # uploads one episode may hold on the worker (SPEC §4), lowered to the worker's own
+    # uploads one episode may hold on the worker (in flight), lowered to the worker's own
     max_episode_frames: int = Field(1024, ge=1)
     max_episode_bytes: int = Field(64 << 20, ge=1)
     # for servers that cannot declare their contract (openpi): validated by robotd.contract

@@ -1,4 +1,4 @@
-"""The operator-level episode state machine (SPEC §1).
+"""The operator-level episode state machine.
 
 IDLE → RUNNING (start) → ENDED (stop / max_steps / done / watchdog) → RESETTING
 → reset_done → IDLE. FAULT latches from anywhere and is left only by clear_fault,

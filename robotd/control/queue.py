@@ -4,7 +4,7 @@ Steps are the episode's control ticks. Row ``i`` of a chunk computed from step `
 for step ``s + i``; the queue keeps, for every row it holds, the step that row is meant for
 (the rows it holds are always consecutive in step, so a front step and an index say it all).
 
-Two timings (SPEC §5):
+Two timings (control.timing):
 
 - ``sync``: the world waited for the chunk, so nothing is dropped; the queue becomes the first
   ``open_loop_horizon`` rows and :meth:`ActionQueue.pop` plays them **in order, one per call,

@@ -1,4 +1,4 @@
-"""What goes up to the worker, and when (SPEC §4): the steps some act will read, ahead of the
+"""What goes up to the worker, and when: the steps some act will read, ahead of the
 acts, on the observe connection (robotd.link.observe).
 
 `Uplink` is fed by the main process from the control lane's messages:

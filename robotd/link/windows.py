@@ -1,4 +1,4 @@
-"""Window planning (SPEC §2, §4): which steps an act reads, and which keys at each step.
+"""Window planning: which steps an act reads, and which keys at each step (its contract).
 Pure logic, no I/O; the uplink asks it what the next act will read.
 
 An act asked at step `t` (the previous act of the same worker-side episode at `prev_act`,

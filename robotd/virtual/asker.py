@@ -3,7 +3,7 @@
 The window is planned from the policy's declared observations (WindowPlanner), read from a
 ring of the kernel's step records through the one StepReader (frames rendered by the
 virtual rig), handed to the policy through PolicyHost, and the answer made fit for the lane
-(robotd.link.chunks). Timing (SPEC §5): in sync the world waits and the chunk is merged at
+(robotd.link.chunks). Timing (control.timing): in sync the world waits and the chunk is merged at
 the ask's own tick; in realtime the act takes ``ceil(latency * hz)`` ticks, and those
 ticks run before the chunk is merged at the start of the tick it arrives on. The latency
 is fixed, one per act from a schedule (robotd.virtual.latency), or measured. A realtime

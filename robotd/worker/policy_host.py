@@ -5,9 +5,9 @@ The policy API (what `robotd serve MODULE:CLASS` loads)::
     from robotd.contract import Observations, Stream, Actions
 
     class MyPolicy:
-        # optional: what it reads (SPEC §2); undeclared = the act's own observation alone
+        # optional: what it reads (docs/contract.md); undeclared = the act's own observation alone
         observations = Observations(streams={"top": Stream(at=[-15, 0]), "joints.pos": Stream()})
-        # optional: how its answer is shaped (SPEC §3)
+        # optional: how its answer is shaped and played (docs/contract.md)
         actions = Actions(hz=30, open_loop_horizon=8)
 
         def reset(self): ...                        # optional: before an episode's first act

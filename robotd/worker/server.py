@@ -5,7 +5,7 @@ Processes, threads and sockets:
   `copies=0` one thread of the worker. The worker's main process never builds the policy:
   it learns the contract from the first copy that is ready.
 - The calling thread owns every socket and runs one poll loop: the act ROUTER that clients'
-  DEALERs talk to, the observe ROUTER that daemons upload observations to (SPEC §4), the
+  DEALERs talk to, the observe ROUTER that daemons upload observations to (ahead of their acts), the
   preparer's inproc PAIR, each copy's channel (robotd.worker.channel: a Unix socket pair) and
   each copy process's pidfd (readable the moment it ends). Requests are parsed and checked
   here, and pings answered, whatever the copies are doing.

@@ -40,7 +40,7 @@ MAX_SKIP_KEYS = 64  # keys one skip may name when the contract's streams are not
 
 @dataclass(frozen=True)
 class StoreLimits:
-    """What one worker holds at most (SPEC §4 defaults)."""
+    """What one worker holds at most (defaults: those of `robotd serve`)."""
 
     episode_frames: int = 1024
     episode_bytes: int = 64 * MB
