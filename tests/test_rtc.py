@@ -292,6 +292,27 @@ def test_a_late_answer_without_an_rtc_contract_replaces_at_once() -> None:
     np.testing.assert_allclose(np.stack(after), ramp(9, 5, 2.0))  # replace: no fade
 
 
+def test_rows_still_frozen_for_an_earlier_act_are_in_the_next_acts_prefix() -> None:
+    """Act A is handed steps 5..9 and answers at once; act B, asked at 6 with a predicted
+    delay of 1, is handed steps 6..9 as its prefix (delay 4): they play whatever B answers,
+    so telling B they were its rest would have had it plan a seam that never comes."""
+    lane = Lane("control.refill_steps=100", "control.delay_quantile=0.5")
+    for _ in range(5):
+        lane.tick()  # steps 0..4: the first ask, then holds
+    lane.answer(ramp(0, 40, 0.0))
+    lane.tick()  # step 5: merged (took 5), act A asked with delay 5
+    a = lane.asks()[-1]
+    assert (a.s, a.rtc.delay, a.rtc.prefix.n) == (5, 5, 5)
+    lane.answer(ramp(5, 40, 1.0))
+    lane.tick()  # step 6: A merged (took 1: the median of 5 and 1 is 1), act B asked
+    b = lane.asks()[-1]
+    assert b.s == 6 and b.rtc.delay == 4
+    np.testing.assert_array_equal(b.rtc.prefix.array(), ramp(6, 4, 0.0))  # A's frozen rows
+    lane.answer(ramp(6, 40, 2.0))
+    played = [round(lane.tick()[1] * 100) for _ in range(6)]  # steps 7..12
+    assert played == [0, 0, 0, 2, 2, 2]  # the frozen rows, then B's own from step 10
+
+
 def test_without_an_rtc_contract_the_answer_replaces_the_prefix_as_before() -> None:
     lane = Lane("control.refill_steps=6", rtc=False)
     for _ in range(3):

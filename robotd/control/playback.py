@@ -133,9 +133,14 @@ class Playback:
         return Ask(self._ask_id, wep, step, episode, self.queue.left(step), rtc)
 
     def _rtc(self, step: int) -> Rtc:
-        """The act's predicted delay and its frozen prefix (promised, with an rtc contract)."""
-        d = self._ask_delay = self.delay.predict()
+        """The act's predicted delay and its frozen prefix (promised, with an rtc contract):
+        at least the rows an earlier act's prefix still freezes, so the prefix is every row
+        that will play whatever this act answers."""
+        d = self.delay.predict()
         ahead = self.queue.ahead(step)
+        if self.rtc:  # rows still frozen for an earlier act play whatever this one answers
+            d = max(d, min(self._frozen_until - step, ahead.shape[0]))
+        self._ask_delay = d
         n = min(d, ahead.shape[0])
         if self.rtc and n:
             self._prefix_end = step + n
