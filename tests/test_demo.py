@@ -57,8 +57,8 @@ def test_contract_is_declared_per_instance() -> None:
     )
     policy = DotFollower(lookback=5, hz=15.0, horizon=12)
     assert policy.observations.streams["top"].at == [-5, 0]
-    assert policy.actions == Actions(hz=15.0, open_loop_horizon=8, rtc=False)
-    assert DotFollower(rtc=True).actions.rtc is True
+    assert policy.actions == Actions(hz=15.0, open_loop_horizon=8, rtc=True)
+    assert DotFollower(rtc=False).actions.rtc is False
 
 
 def test_tip_follows_a_dot_moving_in_a_straight_line() -> None:
@@ -218,10 +218,12 @@ def test_rtc_continues_the_prefix_and_blends_by_at_most_blend_step_a_row(offset:
 def test_rtc_is_used_only_when_asked_for() -> None:
     p0, p1 = np.array([1.0, 0.5]), np.array([1.02, 0.49])
     inputs = window(10, 3, p0, p1, np.array([*g.inverse(p1), 0.1]))
-    plain_rows = DotFollower(horizon=8).infer(inputs)
+    plain_rows = DotFollower(horizon=8, rtc=False).infer(inputs)
     prefix = plain_rows[:3] + 0.2
     rtc = {"delay": 3, "prefix": prefix, "rest": np.zeros((0, 3))}
-    np.testing.assert_array_equal(DotFollower(horizon=8).infer(inputs, rtc=rtc), plain_rows)
+    plain = DotFollower(horizon=8, rtc=False)
+    assert plain.actions.rtc is False
+    np.testing.assert_array_equal(plain.infer(inputs, rtc=rtc), plain_rows)
     out = DotFollower(horizon=8, rtc=True).infer(inputs, rtc=rtc)
     assert np.array_equal(out[:3], prefix) and not np.array_equal(out, plain_rows)
     empty = {"delay": 3, "prefix": np.zeros((0, 3)), "rest": np.zeros((0, 3))}

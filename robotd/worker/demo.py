@@ -10,12 +10,13 @@ It reads the top camera as real policies do: 224 x 224, letterboxed, JPEG (`CAME
 a frame costs a few kB on the wire instead of the 900 kB of a raw 640 x 480 one; the dot's
 colour is matched with a tolerance that JPEG's chroma loss needs.
 
-With `rtc=True` it speaks real-time chunking: handed the act's frozen prefix (the rows the
-robot plays while it computes) it answers those rows as they are, then blends the offset
-between the prefix's last row and its own plan out over the next few rows (guided
-inpainting in its simplest honest form), removing at most `blend_step` of it per row: a
-small offset goes at once, a large one over as many rows as that bound needs, so no seam
-adds more than `blend_step` to one step of the robot's path.
+It speaks real-time chunking by default (`rtc=False` answers from the window alone):
+handed the act's frozen prefix (the rows the robot plays while it computes) it answers
+those rows as they are, then blends the offset between the prefix's last row and its own
+plan out over the next few rows (guided inpainting in its simplest honest form), removing
+at most `blend_step` of it per row: a small offset goes at once, a large one over as many
+rows as that bound needs, so no seam adds more than `blend_step` to one step of the
+robot's path.
 """
 
 from __future__ import annotations
@@ -52,7 +53,7 @@ class DotFollower:
     """
 
     observations = _observations(3)
-    actions = Actions(hz=30.0, open_loop_horizon=8, rtc=False)
+    actions = Actions(hz=30.0, open_loop_horizon=8, rtc=True)
 
     def __init__(
         self,
@@ -61,7 +62,7 @@ class DotFollower:
         lookback: int = 3,
         hz: float = 30.0,
         colour_tolerance: int = JPEG_TOLERANCE,
-        rtc: bool = False,
+        rtc: bool = True,
         blend_step: float = 0.03,
     ) -> None:
         if horizon < 1 or lookback < 1 or not hz > 0 or latency_ms < 0 or not blend_step > 0:
