@@ -178,6 +178,21 @@ def test_rows_for_skipped_steps_do_not_count_as_left() -> None:
     assert q.left(20) == 0
 
 
+def test_a_seam_to_fade_after_kept_frozen_rows_fades_from_the_last_of_them() -> None:
+    """fade_seam in a replace merge that keeps frozen rows (an earlier act's): the blend
+    starts from the last frozen row, as fade's does; without it the chunk replaces at once."""
+    played = {}
+    for fade_seam in (False, True):
+        q = ActionQueue(QueueConfig(dim=1, timing="realtime", fade_steps=2))
+        q.merge(np.array([[0.0], [1.0], [2.0], [3.0]]), 0, 0)
+        q.pop(0)
+        rows = np.array([[10.0], [11.0], [12.0], [13.0]])
+        q.merge(rows, 1, 1, keep_before=3, fade_seam=fade_seam)
+        played[fade_seam] = [q.pop(t)[0] for t in (1, 2, 3, 4)]
+    assert played[False] == [1.0, 2.0, 12.0, 13.0]
+    assert played[True] == [1.0, 2.0, 7.0, 13.0]  # offset 2 - 12, half of it left on row 12
+
+
 def test_should_ask_with_auto_needs_the_callers_threshold() -> None:
     q = ActionQueue(QueueConfig(dim=1, timing="realtime", refill_steps="auto"))
     q.merge(np.zeros((3, 1)), 0, 0)
