@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import math
-
 import numpy as np
 import pytest
 
@@ -101,30 +99,6 @@ def test_a_new_worker_episode_asks_at_once_whatever_the_old_episode_failed():
     rig.k.episode_lost("worker crashed")
     rig.tick()
     assert len(rig.asks()) == 2 and rig.asks()[1]["wep"] != ask["wep"]
-
-
-def test_an_act_neither_answered_nor_failed_is_given_up_and_asked_again():
-    """The main process answers or fails every act within timeout_s + stream_wait_s; an act
-    still in flight after twice that and a second had its ask or its answer lost, and must
-    not leave the robot holding for good: it is failed, and asked again after the back-off.
-    Its answer, if it ever comes, is discarded."""
-    rig = started("policy.timeout_s=0.1", "policy.stream_wait_s=0.1")
-    lost_after = math.ceil((2 * 0.2 + 1.0) * 30)  # 42 ticks at 30 Hz
-    rig.tick()
-    (ask,) = rig.asks()
-    for _ in range(lost_after - 1):
-        rig.tick()
-    assert len(rig.asks()) == 1 and rig.k.counters.act_failures == 0
-    rig.tick()
-    assert rig.k.counters.act_failures == 1
-    (given_up,) = rig.events("act_failed")
-    assert given_up["ask"] == ask["id"] and "given up" in given_up["reason"]
-    for _ in range(15):  # the back-off after a failed act: half a second
-        rig.tick()
-    assert len(rig.asks()) == 2
-    rig.k.deliver(Chunk(ask["id"], ask["wep"], ask["s"], np.zeros((4, 3))))
-    rig.tick()
-    assert rig.k.counters.late_chunks == 1 and rig.k.machine.state == "RUNNING"
 
 
 def test_watchdog_ends_the_episode_at_exactly_max_hold_steps():

@@ -22,7 +22,6 @@ fall to the predicted delay plus a margin.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any
@@ -61,7 +60,6 @@ class Playback:
         emit: Emit,
         delay: DelayPredictor | None = None,
         absolute: bool = True,
-        lost_after_ticks: int = 0,
     ) -> None:
         self._qcfg = qcfg
         self.queue = ActionQueue(qcfg)
@@ -72,10 +70,6 @@ class Playback:
         self.delay = delay or DelayPredictor()
         self.rtc = False  # the policy takes the frozen prefix: the merge keeps it
         self._absolute = absolute  # rows are joint positions (a seam between them can fade)
-        # an act still in flight this many ticks after its ask is given up (0: never): the
-        # main process answers or fails every act well before, so its ask or answer was lost
-        self._lost_after = lost_after_ticks
-        self._ask_tick = 0
         self._rtc_acts = qcfg.timing == "realtime" and qcfg.aligned
         self.in_flight: int | None = None  # ask id
         self._ask_id = 0
@@ -123,13 +117,7 @@ class Playback:
         return True
 
     def should_ask(self, tick: int, step: int) -> bool:
-        """Whether to ask before the action of `step` (tick: the lane's tick count). An act
-        in flight past `lost_after_ticks` is failed first (and backed off from)."""
-        lost = self.in_flight
-        if lost is not None and self._lost_after and tick - self._ask_tick >= self._lost_after:
-            self.failed(lost, tick)
-            why = f"no answer nor failure after {self._lost_after} ticks: given up"
-            self._event("act_failed", reason=why, ask=lost)
+        """Whether to ask before the action of `step` (tick: the lane's tick count)."""
         if tick < self._retry_at_tick:
             return False
         return self.queue.should_ask(self.in_flight is not None, self.refill(), step)
@@ -139,7 +127,6 @@ class Playback:
         self._ask_id += 1
         self.in_flight = self._ask_id
         self._ask_ns = now_ns
-        self._ask_tick = self.counters.ticks
         self.counters.acts += 1
         self._prefix_end = 0
         rtc = self._rtc(step) if self._rtc_acts else None
@@ -251,11 +238,4 @@ def playback_for(cfg: Config, *, dt: float, counters: Counters, emit: Emit) -> P
         emit=emit,
         delay=DelayPredictor(c.delay_quantile, c.delay_margin_steps),
         absolute=c.control_mode == "absolute",  # rows are positions
-        lost_after_ticks=math.ceil(_lost_after_s(cfg) / dt),
     )
-
-
-def _lost_after_s(cfg: Config) -> float:
-    """Twice the longest an act may take on the main process's side (its timeout, plus the
-    wait for uploaded steps), and a second: by then it has answered or failed every act."""
-    return 2 * (cfg.policy.timeout_s + cfg.policy.stream_wait_s) + 1.0
