@@ -37,7 +37,7 @@ class QueueCounters(msgspec.Struct, forbid_unknown_fields=True):
     """Cumulative counts since the queue was made (flush does not clear them)."""
 
     chunks: int = 0  # chunks handed to merge (stale ones included)
-    stale_chunks: int = 0  # chunks wholly in the past, discarded
+    stale_chunks: int = 0  # chunks with no row to merge (all past, or past and frozen)
     rows_dropped: int = 0  # queued rows whose step passed before they were played
     flushed_rows: int = 0  # rows discarded by flush
     merge_dropped: int = 0  # chunk rows dropped at merge as already past (MergeResult.dropped)
