@@ -199,16 +199,17 @@ class ActionQueue:
             self.counters.stale_chunks += 1
             return MergeResult(dropped=drop, stale=True, played_from=height)
         fresh = rows[cut:]
+        fade = self.cfg.merge == "fade" or fade_seam
         if self.cfg.merge == "ensemble":
             self._ensemble(fresh, now_step, keep)
         elif keep:
             kept = self._rows[self._head : self._head + keep]
-            if (self.cfg.merge == "fade" or fade_seam) and fresh.shape[0]:
+            if fade:
                 self._fade(fresh, kept[-1])
             self.counters.replaced_rows += len(self) - keep
             self._install(np.concatenate([kept, fresh]), now_step)
         else:
-            if (self.cfg.merge == "fade" or fade_seam) and self._has_last:
+            if fade and self._has_last:
                 self._fade(fresh, self._last)
             self._replace(fresh, now_step)
         return MergeResult(dropped=drop, stale=False, played_from=min(cut, height))

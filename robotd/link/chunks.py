@@ -57,9 +57,16 @@ def resample(rows: np.ndarray, from_hz: float, to_hz: float) -> np.ndarray:
     if abs(from_hz - to_hz) < 1e-9 or rows.shape[0] < 2:
         return rows
     n = ChunkLimits.resampled_rows(rows.shape[0], from_hz, to_hz)
+    return rows_at(rows, from_hz, np.arange(n) / to_hz)
+
+
+def rows_at(rows: np.ndarray, from_hz: float, times: np.ndarray) -> np.ndarray:
+    """`rows` (row i played at i / from_hz) linearly interpolated at `times` (s), clamped to
+    the first and the last row outside them; (0, D) when either is empty."""
+    if rows.shape[0] == 0 or times.size == 0:
+        return np.zeros((0, rows.shape[1]))
     t_src = np.arange(rows.shape[0]) / from_hz
-    t_dst = np.arange(n) / to_hz
-    return np.stack([np.interp(t_dst, t_src, rows[:, d]) for d in range(rows.shape[1])], axis=1)
+    return np.stack([np.interp(times, t_src, rows[:, d]) for d in range(rows.shape[1])], axis=1)
 
 
 def prepare(

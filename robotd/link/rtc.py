@@ -21,7 +21,7 @@ import numpy as np
 
 from robotd.contract import MAX_RTC_ROWS, Actions
 from robotd.lane.messages import Rows, Rtc
-from robotd.link.chunks import ChunkLimits
+from robotd.link.chunks import ChunkLimits, rows_at
 
 
 class RtcRefused(ValueError):
@@ -58,17 +58,9 @@ def _at_policy_rate(
     prefix's last row on."""
     frozen = math.ceil(prefix.shape[0] * hz / control_hz - 1e-9)
     both = np.concatenate([prefix, rest])
-    total = ChunkLimits.resampled_rows(both.shape[0], control_hz, hz) if both.shape[0] else 0
+    total = ChunkLimits.resampled_rows(both.shape[0], control_hz, hz)
     times = np.arange(max(frozen, total)) / hz
-    return _interp(prefix, control_hz, times[:frozen]), _interp(both, control_hz, times[frozen:])
-
-
-def _interp(rows: np.ndarray, from_hz: float, times: np.ndarray) -> np.ndarray:
-    """`rows` (played at from_hz from time 0) at `times`, clamped to the first and last."""
-    if rows.shape[0] == 0 or times.size == 0:
-        return np.zeros((0, rows.shape[1]))
-    t_src = np.arange(rows.shape[0]) / from_hz
-    return np.stack([np.interp(times, t_src, rows[:, d]) for d in range(rows.shape[1])], axis=1)
+    return rows_at(prefix, control_hz, times[:frozen]), rows_at(both, control_hz, times[frozen:])
 
 
 def rtc_request(
