@@ -33,7 +33,10 @@ def test_bench_merge_smoke() -> None:
         check=False,
     )
     assert proc.returncode == 0, proc.stderr
-    results = json.loads(proc.stdout.splitlines()[-1])["results"]
+    out = json.loads(proc.stdout.splitlines()[-1])
+    results = out["results"]
+    early = {(r["mode"], r["refill_steps"]) for r in out["back_to_back"]}
+    assert early == {(m, n) for m in ("replace", "fade", "rtc") for n in (14, 29)}
     assert all(set(r) == FIELDS for r in results)
     runs = {(r["mode"], r["latency_ms"], r["jitter"]) for r in results}
     modes = ("sync", "naive", "replace", "fade", "ensemble", "rtc", "auto")

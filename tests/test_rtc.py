@@ -456,3 +456,30 @@ def test_refill_warning(caplog, refill, p50: int, rows: int, warned: bool) -> No
     assert len(said) == (1 if warned else 0), said
     if warned and refill == "auto":
         assert f"at least {2 * p50} rows" in said[0]
+
+
+def test_a_contract_arriving_with_an_act_in_flight_abandons_the_act() -> None:
+    """After a reconnect the new contract can reach the lane while an act asked just before
+    runs: the rows its prefix froze are flushed, so its answer must not be merged as if
+    they had played; it is discarded and the lane asks anew."""
+    lane = Lane("control.refill_steps=6", "control.delay_margin_steps=0")
+    for _ in range(3):
+        lane.tick()
+    lane.answer(ramp(0, 10, 1.0))
+    for _ in range(3):
+        lane.tick()  # merged at 3; act A asked at step 4 with prefix steps 4, 5, 6
+    a = lane.asks()[-1]
+    assert a.s == 4 and a.rtc.prefix.n == 3
+    lane.k.set_contract(None, rtc=True)
+    assert lane.k.playback.in_flight is None and len(lane.k.playback.queue) == 0
+    assert any(getattr(m, "name", "") == "act_abandoned" for m in lane.out)
+    lane.k.deliver(Chunk(a.id, a.wep, a.s, ramp(4, 10, 2.0)))
+    holds = lane.k.counters.holds
+    held = lane.tick()  # step 6: A's answer discarded, a new act asked, the robot holds
+    assert lane.k.counters.holds == holds + 1 and round(held[0] * 100) == 5  # at step 5's row
+    assert lane.k.counters.late_chunks == 1 and lane.k.counters.chunks == 1
+    b = lane.asks()[-1]
+    assert b.id != a.id and b.s == 6 and b.rtc.prefix is None  # nothing queued to freeze
+    lane.answer(ramp(6, 10, 3.0))
+    row = lane.tick()  # step 7: B's own row
+    assert row is not None and round(row[1] * 100) == 3

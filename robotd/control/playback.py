@@ -82,9 +82,16 @@ class Playback:
 
     def configure(self, open_loop_horizon: int | None, rtc: bool = False) -> None:
         """The worker's action contract: sync plays at most this many rows of a chunk;
-        `rtc`: the policy takes the frozen prefix (the merge keeps it)."""
+        `rtc`: the policy takes the frozen prefix (the merge keeps it). An act in flight is
+        abandoned (its answer, when it comes, is discarded and the lane asks anew): it was
+        asked under the old contract, and the rows its prefix froze are flushed here, so no
+        promise made to it holds any more."""
+        if self.in_flight is not None:
+            self._event("act_abandoned", ask=self.in_flight, reason="the contract changed")
+            self.in_flight = None
+        self._pending.clear()
         self.queue.flush()
-        self._frozen_until = 0
+        self._frozen_until = self._prefix_end = 0
         self.rtc = rtc
         self._qcfg = replace(self._qcfg, open_loop_horizon=open_loop_horizon)
         self.queue = ActionQueue(self._qcfg)
