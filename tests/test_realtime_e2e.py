@@ -219,3 +219,8 @@ def test_blending_merges_run_end_to_end_through_the_local_worker(workdir: Path, 
     # after the first chunk the queue never ran dry: refill 8 covers 150 ms (5 steps)
     assert summary["max_consecutive_holds"] <= summary["ask_latency"]["steps"]["p99"] + 1, summary
     assert summary["tracking_error"]["mean"] < 0.2, summary
+    # the stop is logged with the run's numbers, and a clean stop warns of nothing
+    log = summary["log_tail"]
+    assert "run ended after" in log and f"{summary['ticks']} ticks at" in log, log
+    assert f"{summary['chunks']} chunks from {summary['acts']} acts (0 failed)" in log, log
+    assert "closed a peer" not in log, log  # the worker saw the daemon leave, no fault

@@ -27,7 +27,7 @@ from robotd.link.client import PolicyClient, PolicyError
 from robotd.link.stream_dealer import StreamDealer
 from robotd.stream import endpoint as ep
 from robotd.stream import router as router_mod
-from robotd.stream.framing import FrameReader, FrameWriter, StreamBroken, head
+from robotd.stream.framing import FrameReader, FrameWriter, StreamBroken, StreamEnded, head
 from robotd.stream.router import StreamRouter
 
 
@@ -148,6 +148,18 @@ def test_the_peers_end_mid_message_breaks_the_stream(
     a.sendall(head([3, 10]) + b"abc" + b"12345")
     a.close()
     with pytest.raises(StreamBroken, match="closed the stream"):
+        _drain(FrameReader(max_bytes=1 << 20), b, 1)
+
+
+def test_a_peer_that_closes_with_our_bytes_unread_ended_the_stream(
+    pair: tuple[socket.socket, socket.socket],
+) -> None:
+    """The kernel reports such a close as a reset (ECONNRESET): a peer gone, as at a
+    daemon's clean stop with replies unread, not a stream whose framing broke."""
+    a, b = pair
+    b.sendall(head([5]) + b"reply")  # a never reads it
+    a.close()
+    with pytest.raises(StreamEnded, match="closed the stream"):
         _drain(FrameReader(max_bytes=1 << 20), b, 1)
 
 

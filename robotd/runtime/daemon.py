@@ -122,6 +122,8 @@ class Daemon:
                 tg.cancel_scope.cancel()
         finally:
             self._close()
+        if self.summary.last is not None:  # the control lane ran
+            log.info("%s", self.summary.line())
         if self.opts.summary is not None:
             self.summary.write(self.opts.summary)
         return self.exit_code

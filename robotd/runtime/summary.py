@@ -140,6 +140,20 @@ class RunSummary:
             "state": self.last.state.state if self.last is not None else "",
         }
 
+    def line(self) -> str:
+        """The run in one log line, for the operator who stopped it (the JSON has the rest)."""
+        t, link = self.totals, self.link_counts()
+        failed = t.get("act_failures", 0)
+        return (
+            f"run ended after {time.monotonic() - self.started:.1f} s: {t.get('ticks', 0)} "
+            f"ticks at {self.measured_hz():.2f} Hz (target {self.hz_target:g}), lateness p99 "
+            f"{self.lateness()['p99']:.1f} µs, {t.get('overruns', 0)} overruns; "
+            f"{t.get('episodes', 0)} episodes, {t.get('chunks', 0)} chunks from "
+            f"{t.get('acts', 0)} acts ({failed} failed), {t.get('holds', 0)} ticks held, "
+            f"{t.get('interventions', 0)} shield interventions, "
+            f"{t.get('episode_resets', 0)} episode resets, {link['reconnects']} reconnects"
+        )
+
     def write(self, path: str | Path) -> None:
         path = Path(path)
         path.parent.mkdir(parents=True, exist_ok=True)

@@ -15,6 +15,7 @@ framing can no longer be trusted) and the connection must be closed.
 
 from __future__ import annotations
 
+import errno
 import struct
 from collections import deque
 from collections.abc import Sequence
@@ -60,6 +61,8 @@ def _read(sock: Any, views: list[memoryview]) -> int | None:
     except (BlockingIOError, InterruptedError):
         return None
     except OSError as err:
+        if err.errno in (errno.ECONNRESET, errno.EPIPE):  # it closed with our bytes unread
+            raise StreamEnded(f"the peer closed the stream: {err}") from None
         raise StreamBroken(f"the stream failed: {err}") from None
 
 
