@@ -150,6 +150,28 @@ def test_estop_category_0_is_torque_off_at_once():
     assert rig.tick() is None
 
 
+@pytest.mark.parametrize("cmd", ["clear_fault", "start", "reset_done"])
+def test_a_command_taken_before_the_latest_estop_is_refused_as_superseded(cmd: str):
+    rig = started("safety.estop_category=0")
+    rig.tick()
+    rig.k.command("estop", "first", sent_ns=1_000)
+    rig.k.command("estop", "second", sent_ns=3_000)
+    with pytest.raises(CommandRefused) as refused:
+        rig.k.command(cmd, sent_ns=2_000)  # taken between them: before the latest
+    assert refused.value.code == "superseded" and "before the e-stop" in str(refused.value)
+    assert rig.k.status().state == "FAULT"
+
+
+def test_commands_taken_after_an_estop_or_unstamped_are_carried_out():
+    rig = started("safety.estop_category=0")
+    rig.tick()
+    rig.k.command("estop", "", sent_ns=5_000)
+    rig.k.command("estop", "the lane's own, unstamped")  # 0 never moves the mark back
+    assert rig.k.command("clear_fault", sent_ns=5_001).state == "IDLE"
+    rig.k.command("estop", "", sent_ns=6_000)
+    assert rig.k.command("clear_fault").state == "IDLE"  # unstamped: a test's or replay's
+
+
 def test_driver_failures_latch_fault_and_recovery_allows_clear():
     rig = started("safety.driver_fault_run=3")
     rig.tick()

@@ -89,9 +89,9 @@ def test_estop_always_latches_and_cuts_torque(client):
             "args.success must be bool",
         ),
         (
-            wire.packb({"id": 11, "cmd": "estop", "args": {"reason": "x" * 201}}),
+            wire.packb({"id": 11, "cmd": "start", "args": {"task": "x" * 2001}}),
             "bad_args",
-            "at most 200",
+            "at most 2000",
         ),
         (
             wire.packb({"id": 12, "cmd": "stop", "args": {"now": True}}),
@@ -260,3 +260,70 @@ def test_twenty_estops_while_the_main_process_is_stopped_crash_nothing(daemon, c
     assert daemon.proc.poll() is None
     assert client.request("clear_fault")["ok"]
     assert client.request("status")["result"]["state"] == "IDLE"
+
+
+def _control_process(daemon) -> int:
+    from pathlib import Path
+
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            stat_ = (proc / "stat").read_text().rsplit(")", 1)[1].split()
+            cmdline = (proc / "cmdline").read_bytes()
+        except OSError:
+            continue
+        if int(stat_[1]) == daemon.proc.pid and b"robotd.control" in cmdline:
+            return int(proc.name)
+    raise AssertionError("no control process under the daemon")
+
+
+@pytest.mark.parametrize(
+    "args",
+    [{"reason": "x" * 201}, {"reason": 7}, {"reason": "r", "now": True}],
+    ids=["too-long", "not-a-string", "unknown-arg"],
+)
+def test_an_estop_is_carried_out_whatever_is_wrong_with_its_arguments(daemon, client, args):
+    client.request("clear_fault")
+    assert client.request("status")["result"]["state"] == "IDLE"
+    request = wire.packb({"id": 30, "cmd": "estop", "args": args})
+    reply = raw_request(daemon.control_endpoint, request)
+    assert reply["ok"] is True and reply["id"] == 30, reply
+    fault = reply["result"]["fault"]
+    assert reply["result"]["state"] == "FAULT" and fault["cause"] == "estop"
+    assert len(fault["detail"]) <= 200
+    client.request("clear_fault")
+
+
+def test_commands_taken_before_an_estop_do_not_undo_it(daemon, client):
+    """The lane takes e-stops first (their own socket): a clear_fault and a start sent to
+    the daemon before an e-stop, and still on their way to a stalled lane, must be refused
+    when it takes them after the e-stop, not carried out (the robot moving again)."""
+    import signal
+
+    client.request("estop", {"reason": "first"})
+    lane = _control_process(daemon)
+    sock = zmq.Context.instance().socket(zmq.DEALER)
+    sock.setsockopt(zmq.LINGER, 0)
+    sock.connect(daemon.control_endpoint)
+    os.kill(lane, signal.SIGSTOP)
+    try:
+        sock.send(wire.packb({"id": 41, "cmd": "clear_fault"}))
+        sock.send(wire.packb({"id": 42, "cmd": "start", "args": {"task": "barrier-42"}}))
+        daemon.wait_line(r"operator: start .*barrier-42")  # both taken, sent down, queued
+        sock.send(wire.packb({"id": 43, "cmd": "estop", "args": {"reason": "the last word"}}))
+        daemon.wait_line(r"operator: estop .*the last word")
+    finally:
+        os.kill(lane, signal.SIGCONT)
+    replies = {}
+    while len(replies) < 3:
+        assert sock.poll(15000), f"only {sorted(replies)} answered"
+        r = wire.unpackb(sock.recv())
+        replies[r["id"]] = r
+    sock.close()
+    for rid in (41, 42):
+        assert replies[rid]["ok"] is False and replies[rid]["error"]["code"] == "superseded"
+    assert replies[43]["ok"] is True
+    st = client.request("status")["result"]
+    assert st["state"] == "FAULT" and st["fault"]["detail"] == "the last word", st
+    assert client.request("clear_fault")["result"]["state"] == "IDLE"  # taken after: carried out

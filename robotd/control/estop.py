@@ -70,7 +70,7 @@ class EstopDesk:
             self._answer(ident, Reply(None, False, code="refused", message="e-stop only"))
             return
         k = self.kernel
-        k.command("estop", msg.reason or "e-stop on lane.sock")
+        k.command("estop", msg.reason or "e-stop on lane.sock", sent_ns=msg.sent_ns)
         k.emit(Event("lane_estop", k.counters.ticks, {"reason": msg.reason}))
         self.pending.append((ident, msg.id))
 

@@ -32,6 +32,7 @@ from robotd.lane.messages import Ask, Event, Fault, FrameRef, Status
 Emit = Callable[[Any], None]
 Asker = Callable[[Ask], Chunk | None]
 ESTOP_STOP_S = 0.5  # category 1: hold this long (a controlled stop), then torque off
+UNDO_ESTOP = frozenset({"clear_fault", "start", "reset_done"})  # commands that end a stop
 
 
 def _shield(cfg: Config, dt: float) -> Shield:
@@ -79,6 +80,7 @@ class Kernel:
         self.step = 0  # step within the worker-side episode
         self.wep = ""  # worker-side episode id
         self.task = ""  # the operator's task text for the episode
+        self._estop_ns = 0  # when the latest operator e-stop was taken (CLOCK_MONOTONIC)
         self._wep_n = 0
         self._grippers = list(cfg.joints.gripper_indices())
         self._mode = cfg.control.control_mode
@@ -97,10 +99,21 @@ class Kernel:
 
     # ---- commands and messages from the main process --------------------------------------
 
-    def command(self, cmd: str, reason: str = "", task: str = "") -> Status:
-        """Apply an operator command; returns the status or raises CommandRefused."""
+    def command(self, cmd: str, reason: str = "", task: str = "", sent_ns: int = 0) -> Status:
+        """Apply an operator command; returns the status or raises CommandRefused.
+        `sent_ns`: when the operator's request was taken (CLOCK_MONOTONIC, 0: unknown). A
+        command that would move the robot again, taken before the latest e-stop, is refused:
+        e-stops overtake other commands on their own socket, and one must never be undone by
+        a command its operator could not have meant to follow it."""
         m = self.machine
+        if sent_ns and cmd in UNDO_ESTOP and sent_ns <= self._estop_ns:
+            raise CommandRefused(
+                "superseded",
+                f"{cmd} was sent before the e-stop that followed it, so it is not carried "
+                "out; send it again once the robot is safe",
+            )
         if cmd == "estop":
+            self._estop_ns = max(self._estop_ns, sent_ns)
             self.fault("estop", reason or "operator e-stop")
         elif cmd == "clear_fault":
             self.latch.clear()

@@ -162,7 +162,7 @@ class ControlLane:
             k.deliver(Chunk(msg.ask, msg.wep, msg.s, rows))
         elif isinstance(msg, Command):
             try:
-                status = k.command(msg.cmd, msg.reason, msg.task)
+                status = k.command(msg.cmd, msg.reason, msg.task, msg.sent_ns)
                 self.outbox.append(Reply(msg.id, True, status))
             except CommandRefused as exc:
                 self.outbox.append(Reply(msg.id, False, k.status(), exc.code, str(exc)))

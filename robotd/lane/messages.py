@@ -97,6 +97,9 @@ class Command(_Msg, tag="cmd"):
     cmd: CommandName
     reason: Text = ""  # estop: why
     task: Annotated[str, msgspec.Meta(max_length=MAX_TASK)] = ""  # start: the task text
+    # CLOCK_MONOTONIC (system-wide) when the operator's request was taken (0: unknown): a
+    # command taken before an e-stop must not undo it, whichever socket reaches the lane first
+    sent_ns: Annotated[int, msgspec.Meta(ge=0)] = 0
 
 
 class ActFailed(_Msg, tag="act_failed"):
@@ -132,6 +135,7 @@ class Estop(_Msg, tag="estop"):
 
     id: int | None = None
     reason: Text = ""
+    sent_ns: Annotated[int, msgspec.Meta(ge=0)] = 0  # as Command.sent_ns
 
 
 DownMsg = ChunkRows | Command | ActFailed | EpisodeLost | Contract | Shutdown

@@ -138,11 +138,30 @@ def _check_args(cmd: str, args: dict[str, Any], rid: Any) -> dict[str, Any]:
     return args
 
 
+def _estop(msg: dict[str, Any]) -> Request:
+    """An e-stop is carried out whatever else is wrong with its request: a reason that is
+    not a string is replaced, a long one cut, other fields ignored, a bad id not answered
+    by (the client then sees no reply and checks status). Refusing it would leave the
+    robot moving over a typo."""
+    try:
+        rid = _rid(msg)
+    except RequestError:
+        rid = None
+    args = msg.get("args")
+    reason = args.get("reason") if isinstance(args, dict) else None
+    if not isinstance(reason, str):
+        kind = type(reason).__name__
+        reason = "" if reason is None else f"operator e-stop (its reason was a {kind})"
+    return Request(rid, "estop", {"reason": reason[: MAX_TEXT["reason"]]})
+
+
 def parse_request(data: bytes) -> Request:
     """Validate one request frame; RequestError names what is wrong (and the id, if read)."""
     msg = _decode(data)
     if not isinstance(msg, dict):
         raise RequestError("bad_request", f"request must be a map, got {type(msg).__name__}")
+    if msg.get("cmd") == "estop":
+        return _estop(msg)
     rid = _rid(msg)
     extra = sorted(str(k)[:MAX_KEY_LEN] for k in msg if k not in ("id", "cmd", "args"))
     if extra:

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import logging
 import os
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -106,6 +107,7 @@ class LaneBridge:
     ) -> Reply:
         """An operator command and the lane's reply; TimeoutError, or LaneBusy at once when
         MAX_PENDING commands already wait. The e-stop goes through `estop` instead."""
+        sent_ns = time.monotonic_ns()  # taken now: the lane orders it against e-stops
         if cmd == "estop":
             return await self.estop(reason, timeout_s=timeout_s)
         if len(self._pending) >= MAX_PENDING:
@@ -115,7 +117,8 @@ class LaneBridge:
         done, box = anyio.Event(), []
         self._pending[rid] = (done, box)
         try:
-            if not self.send(Command(rid, cmd, reason=reason, task=task)):  # type: ignore[arg-type]
+            msg = Command(rid, cmd, reason=reason, task=task, sent_ns=sent_ns)  # type: ignore[arg-type]
+            if not self.send(msg):
                 raise LaneBusy("the control lane's inbound queue is full")
             with anyio.fail_after(timeout_s):
                 await done.wait()
@@ -128,11 +131,15 @@ class LaneBridge:
         return box[0]
 
     async def estop(self, reason: str, *, timeout_s: float = 5.0) -> Reply:
-        """An e-stop on lane.sock (served first by the lane) and its acknowledgement."""
+        """An e-stop on lane.sock (served first by the lane) and its acknowledgement. It is
+        stamped when taken, before any wait for the lock: a command taken before it and
+        still on its way (the lane takes lane.sock first) is then refused, not carried out
+        after it."""
+        sent_ns = time.monotonic_ns()
         async with self._estop_lock:
             self._next_id += 1
             rid = self._next_id
-            await self.estop_sock.send(codec.encode(Estop(rid, reason[:500])))
+            await self.estop_sock.send(codec.encode(Estop(rid, reason[:500], sent_ns)))
             with anyio.fail_after(timeout_s):
                 while True:
                     data = await self.estop_sock.recv()
