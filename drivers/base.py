@@ -58,7 +58,8 @@ class DriverConfigError(ValueError):
 class DriverOptions(pydantic.BaseModel):
     """Base of every driver's `Options`: unknown keys are errors, values immutable."""
 
-    model_config = pydantic.ConfigDict(extra="forbid", frozen=True)
+    # NaN or infinity is never a setting (a bound compared with NaN is always false)
+    model_config = pydantic.ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
 
 def _sleep_until(deadline_ns: int) -> bool:
@@ -177,6 +178,13 @@ class JointDriver(ABC):
     @abstractmethod
     def close(self) -> None: ...
 
+    @classmethod
+    def check_options(cls, names: Sequence[str], options: DriverOptions) -> None:
+        """The validated options against the joints they drive (one value per joint, ...),
+        at config load, before anything is opened: ValueError ``"OPTION: what is wrong"``
+        (the config names it joints.options.OPTION). The constructor checks the same."""
+        return None  # the default: nothing to check against the joints
+
     def stats(self) -> DriverStats:
         """Transport counters; drivers without a transport report none."""
         return DriverStats()
@@ -290,6 +298,13 @@ def validate_options(cls: type[D], options: Mapping[str, Any]) -> DriverOptions:
     """The driver's options validated by its own model; pydantic.ValidationError if bad
     (the caller formats it with the config key)."""
     return cls.Options.model_validate(dict(options))
+
+
+def check_joint_options(cls: type, names: Sequence[str], options: DriverOptions) -> None:
+    """A joint driver's validated options against its joint names (ValueError: see
+    JointDriver.check_options)."""
+    if issubclass(cls, JointDriver):
+        cls.check_options(tuple(names), options)
 
 
 def build_joints(

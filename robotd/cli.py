@@ -238,6 +238,23 @@ def _emulate(args: argparse.Namespace, cfg: Config) -> tuple[Config, Callable[[]
         return None
 
 
+def _check(args: argparse.Namespace, cfg: Config) -> int:
+    """`robotd check`: what start-up would refuse besides the config's own rules (a run
+    directory that cannot be made or is not the daemon's own), then the resolved config."""
+    from robotd.config import runtime_dir
+    from robotd.runtime.rundir import RunDirError, check_run_dir
+
+    try:
+        check_run_dir(runtime_dir(cfg))
+    except RunDirError as exc:
+        given = any(o.partition("=")[0].strip() == "runtime.dir" for o in args.overrides)
+        source = "--set runtime.dir" if given else f"{args.config}: runtime.dir"
+        print(f"robotd: {source}: {str(exc).removeprefix('runtime.dir ')}", file=sys.stderr)
+        return 2
+    print(json.dumps(cfg.model_dump(mode="json"), indent=2))
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] in (["trace"], ["export"], ["replay"]):  # their own parsers (--help included)
@@ -260,8 +277,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"robotd: {exc}", file=sys.stderr)
         return 2
     if args.command == "check":
-        print(json.dumps(cfg.model_dump(mode="json"), indent=2))
-        return 0
+        return _check(args, cfg)
     if cfg.control.clock == "virtual":
         print(
             "robotd: control.clock: 'virtual' runs in one process without wall time "

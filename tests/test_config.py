@@ -106,14 +106,14 @@ def test_overrides_are_validated_like_the_file():
 
 
 def test_real_robot_may_not_start_moving_by_itself(tmp_path):
-    text = SIM.replace('[cameras.top]\ndriver = "sim"', '[cameras.top]\ndriver = "nosuch"')
-    path = write(tmp_path, text)
+    text = SIM.replace('[cameras.top]\ndriver = "sim"', '[cameras.top]\ndriver = "opencv"')
+    path = write(tmp_path, text.replace('[cameras.top.options]\nview = "top"', ""))
     with pytest.raises(
         ConfigError, match=r"x\.toml: robot\.start: 'episode' .* simulated robots only"
     ):
         load_config(path)
-    # Latched, it gets as far as the driver lookup, which names the camera and the known drivers.
-    path = write(tmp_path, text.replace('start = "episode"', 'start = "latched"'))
+    # A driver name that names no driver is reported as such, before the rule above.
+    path = write(tmp_path, text.replace('driver = "opencv"', 'driver = "nosuch"'))
     with pytest.raises(
         ConfigError, match=r"cameras\.top\.driver: unknown driver 'nosuch' \(known: .*sim"
     ):

@@ -20,6 +20,7 @@ import numpy as np
 from drivers.base import (
     DriverContext,
     DriverFault,
+    DriverOptions,
     DriverStats,
     JointCounters,
     JointDriver,
@@ -53,14 +54,7 @@ class ServoJoints(JointDriver):
 
     def __init__(self, names: Sequence[str], options: ServoOptions, context: DriverContext) -> None:
         self.names = tuple(names)
-        if len(options.ids) != len(self.names):
-            raise ValueError(
-                f"ids: one servo ID per joint ({len(self.names)}: {list(self.names)}), "
-                f"got {len(options.ids)}"
-            )
-        unknown = [g for g in options.grippers if g not in self.names]
-        if unknown:
-            raise ValueError(f"grippers: {unknown} are not joint names {list(self.names)}")
+        self.check_options(self.names, options)
         self.options = options
         self.context = context
         self.ids = tuple(options.ids)
@@ -75,6 +69,18 @@ class ServoJoints(JointDriver):
         self._effort_units = np.ones(len(self.names))
         self._torque = False
         self._conditions: dict[int, str] = {}
+
+    @classmethod
+    def check_options(cls, names: Sequence[str], options: DriverOptions) -> None:
+        assert isinstance(options, ServoOptions)
+        if len(options.ids) != len(names):
+            raise ValueError(
+                f"ids: one servo ID per joint ({len(names)}: {list(names)}), "
+                f"got {len(options.ids)}"
+            )
+        unknown = [g for g in options.grippers if g not in names]
+        if unknown:
+            raise ValueError(f"grippers: {unknown} are not joint names {list(names)}")
 
     # ---- family hooks ------------------------------------------------------------------
 

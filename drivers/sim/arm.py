@@ -34,6 +34,18 @@ EFFORT_GAIN = 10.0  # effort per rad of tracking offset (a P-controller's output
 WRITE_ADVANCE_NS = 100_000  # write() integrates first only if the last advance is older
 
 
+def _vector(
+    names: tuple[str, ...], option: str, given: list[float] | None, default: list[float]
+) -> np.ndarray:
+    values = default if given is None else given
+    if len(values) != len(names):
+        raise ValueError(f"{option}: {len(values)} values for {len(names)} joints {list(names)}")
+    array = np.array(values, dtype=np.float64)
+    if not np.all(np.isfinite(array)):
+        raise ValueError(f"{option}: values must be finite, got {values}")
+    return array
+
+
 class SimArm(JointDriver):
     """The simulated arm; see the module docstring for its dynamics.
 
@@ -77,35 +89,39 @@ class SimArm(JointDriver):
         self._prefix = context.shm_prefix
         self._world = world
         self._own_world = False
-        n = len(names)
-        lower = [ARM_LOWER] * 2 + [GRIPPER_LOWER] * (n - 2)
-        upper = [ARM_UPPER] * 2 + [GRIPPER_UPPER] * (n - 2)
-        self._lower = self._vector("lower", options.lower, lower)
-        self._upper = self._vector("upper", options.upper, upper)
-        for i in np.flatnonzero(self._lower >= self._upper):
-            raise ValueError(f"SimArm option lower/upper: joint {names[i]!r} has lower >= upper")
-        default_initial = [*g.inverse(g.target_at(0.0)), *([0.0] * (n - 2))]
-        self._q = self._vector("initial", options.initial, default_initial)
-        for i in np.flatnonzero((self._q < self._lower) | (self._q > self._upper)):
-            raise ValueError(f"SimArm option initial: joint {names[i]!r} is outside its stops")
+        try:
+            self._lower, self._upper, self._q = self._vectors(names, options)
+        except ValueError as exc:
+            raise ValueError(f"SimArm option {exc}") from None
         self._target = self._q.copy()
-        self._velocity = np.zeros(n)
+        self._velocity = np.zeros(len(names))
         self._rng = np.random.default_rng(options.seed)
         self._torque = False
         self._open = False
         self._t_last: int | None = None
 
-    def _vector(self, option: str, given: list[float] | None, default: list[float]) -> np.ndarray:
-        values = default if given is None else given
-        if len(values) != len(self.names):
-            raise ValueError(
-                f"SimArm option {option}: {len(values)} values for {len(self.names)} joints "
-                f"{list(self.names)}"
-            )
-        array = np.array(values, dtype=np.float64)
-        if not np.all(np.isfinite(array)):
-            raise ValueError(f"SimArm option {option}: values must be finite, got {values}")
-        return array
+    @classmethod
+    def check_options(cls, names: Sequence[str], options: DriverOptions) -> None:
+        assert isinstance(options, SimArm.Options)
+        if len(names) < 2:
+            raise ValueError(f"names: the sim arm needs >= 2 joints, got {len(names)}")
+        cls._vectors(tuple(names), options)
+
+    @staticmethod
+    def _vectors(
+        names: tuple[str, ...], options: SimArm.Options
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(lower, upper, initial), one value per joint each; ValueError "OPTION: why"."""
+        extra = len(names) - 2  # grippers and further axes
+        lower = _vector(names, "lower", options.lower, [ARM_LOWER] * 2 + [GRIPPER_LOWER] * extra)
+        upper = _vector(names, "upper", options.upper, [ARM_UPPER] * 2 + [GRIPPER_UPPER] * extra)
+        for i in np.flatnonzero(lower >= upper):
+            raise ValueError(f"lower: joint {names[i]!r} has lower >= upper")
+        default_initial = [*g.inverse(g.target_at(0.0)), *([0.0] * extra)]
+        q = _vector(names, "initial", options.initial, default_initial)
+        for i in np.flatnonzero((q < lower) | (q > upper)):
+            raise ValueError(f"initial: joint {names[i]!r} is outside its stops")
+        return lower, upper, q
 
     # ---- JointDriver --------------------------------------------------------------
 

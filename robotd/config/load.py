@@ -20,7 +20,9 @@ from typing import Any
 from pydantic import BaseModel, ValidationError
 
 from robotd.config.model import Config
-from robotd.errors import ConfigError, format_validation_error
+from robotd.config.overrides import Origins, apply_override, blame, check_finite, error_lines
+from robotd.config.overrides import parse_value as _parse_value  # noqa: F401 (re-exported)
+from robotd.errors import ConfigError
 
 
 def _default_config(repo_file: Path) -> Path:
@@ -34,33 +36,6 @@ def _default_config(repo_file: Path) -> Path:
 
 
 DEFAULT_CONFIG = _default_config(Path(__file__).resolve().parents[2] / "config" / "sim.toml")
-
-
-def _parse_value(text: str) -> Any:
-    """A --set value in TOML syntax; a bare word that is not TOML is taken as a string."""
-    try:
-        return tomllib.loads(f"v = {text}")["v"]
-    except tomllib.TOMLDecodeError:
-        return text
-
-
-def _apply_override(raw: dict[str, Any], assignment: str) -> str:
-    """Set one dotted key from KEY=VALUE; returns the key."""
-    if "=" not in assignment:
-        raise ConfigError(f"--set {assignment!r}: expected KEY=VALUE (e.g. control.hz=100)")
-    key, _, text = assignment.partition("=")
-    parts = key.strip().split(".")
-    if not all(parts):
-        raise ConfigError(f"--set {assignment!r}: empty part in key path {key!r}")
-    node = raw
-    for i, part in enumerate(parts[:-1]):
-        child = node.setdefault(part, {})
-        if not isinstance(child, dict):
-            where = ".".join(parts[: i + 1])
-            raise ConfigError(f"--set {key}: {where} is a value, not a table")
-        node = child
-    node[parts[-1]] = _parse_value(text.strip())
-    return ".".join(parts)
 
 
 def load_config(
@@ -90,39 +65,52 @@ def config_from_dict(
     raw: dict[str, Any], *, where: str = "<config>", overrides: Iterable[str] = ()
 ) -> Config:
     raw = copy.deepcopy(raw)
-    overridden = set()
+    origins: Origins = {}
     for assignment in overrides:
-        overridden.add(_apply_override(raw, assignment))
+        apply_override(raw, assignment, origins)
+    check_finite(raw, where, origins)
     try:
         cfg = Config.model_validate(raw)
     except ValidationError as exc:
-        raise ConfigError(
-            format_validation_error(exc, where, overridden=frozenset(overridden))
-        ) from None
-    joint_options = _check_driver_options(cfg, where)
-    return _check_tick_timing(cfg, joint_options, where, frozenset(overridden))
+        raise ConfigError(error_lines(exc, where, origins)) from None
+    joint_options = _check_driver_options(cfg, where, origins)
+    return _check_tick_timing(cfg, joint_options, where, origins)
 
 
-def _check_driver_options(cfg: Config, where: str) -> BaseModel | None:
-    """Each driver's options validated by the driver's own Options model, at load; the
-    joint driver's validated options are returned (for the checks against the config)."""
-    from drivers.base import DriverConfigError, driver_class, validate_options
+def _check_driver_options(cfg: Config, where: str, origins: Origins) -> BaseModel | None:
+    """Each driver's options validated by the driver's own Options model, at load, and the
+    joint driver's against the joints (`check_joint_options`); the joint driver's
+    validated options are returned (for the checks against the config)."""
+    from drivers.base import check_joint_options, driver_class, validate_options
 
     checks = [("joints", cfg.joints.driver, cfg.joints.options, "joints")]
     checks += [("cameras", c.driver, c.options, f"cameras.{n}") for n, c in cfg.cameras.items()]
     joint_options = None
     for kind, driver, options, key in checks:
-        try:
-            cls = driver_class(kind, driver)
-        except DriverConfigError as exc:
-            raise ConfigError(f"{where}: {key}.driver: {exc}") from None
+        cls = driver_class(kind, driver)  # the name was checked with its section
         try:
             validated = validate_options(cls, options)
         except ValidationError as exc:
-            raise ConfigError(format_validation_error(exc, where, f"{key}.options")) from None
+            raise ConfigError(error_lines(exc, where, origins, f"{key}.options")) from None
         if kind == "joints":
             joint_options = validated
+            try:
+                check_joint_options(cls, cfg.joints.names, validated)
+            except ValueError as exc:
+                at, why = _option_key(str(exc), validated)
+                raise ConfigError(f"{blame(where, at, origins)}: {why}") from None
     return joint_options
+
+
+def _option_key(text: str, options: BaseModel) -> tuple[str, str]:
+    """A driver's "OPTION: why" as (joints.options.OPTION, why); "names: why" is about
+    joints.names; anything else is about the joints."""
+    option, sep, rest = text.partition(": ")
+    if sep and option in type(options).model_fields:
+        return f"joints.options.{option}", rest
+    if sep and option == "names":
+        return "joints.names", rest
+    return "joints", text
 
 
 # A servo watchdog must outlast the gap between two ticks' writes with room for one late
@@ -133,7 +121,7 @@ BUDGET_SHARE = 0.8  # a fitted read budget: this share of the period (the rest: 
 
 
 def _check_tick_timing(
-    cfg: Config, options: BaseModel | None, where: str, overridden: frozenset[str]
+    cfg: Config, options: BaseModel | None, where: str, origins: Origins
 ) -> Config:
     """A joint driver's timing options against the control tick period (1 / control.hz),
     for drivers that have them (the serial servos): `watchdog_ms` (0 = off) at least
@@ -155,14 +143,14 @@ def _check_tick_timing(
         fitted["budget_ms"] = budget = round(BUDGET_SHARE * period_ms, 2)
     if watchdog and watchdog < floor:
         raise ConfigError(
-            f"{_key(where, 'joints.options.watchdog_ms', overridden)}: {watchdog:g} ms is "
+            f"{blame(where, 'joints.options.watchdog_ms', origins)}: {watchdog:g} ms is "
             f"shorter than {WATCHDOG_MIN_PERIODS} control tick periods ({floor:.1f} ms; the "
             f"period is {period_ms:.1f} ms at {at}): the servos would stop between ticks; "
             f"make it at least {math.ceil(floor)} ms, or 0 (off)"
         )
     if budget is not None and budget > period_ms:
         raise ConfigError(
-            f"{_key(where, 'joints.options.budget_ms', overridden)}: {budget:g} ms is longer "
+            f"{blame(where, 'joints.options.budget_ms', origins)}: {budget:g} ms is longer "
             f"than the control tick period ({period_ms:.1f} ms at {at}): a tick's read cannot "
             f"take longer than the tick; make it at most {math.floor(period_ms * 10) / 10:g} ms "
             "(less leaves the tick time to write)"
@@ -171,13 +159,6 @@ def _check_tick_timing(
         return cfg
     joints = cfg.joints.model_copy(update={"options": {**given, **fitted}})
     return cfg.model_copy(update={"joints": joints})
-
-
-def _key(where: str, key: str, overridden: frozenset[str]) -> str:
-    """How an error names a key: as a --set override when one set it, else file: key."""
-    if any(key == k or key.startswith(k + ".") for k in overridden):
-        return f"--set {key}"
-    return f"{where}: {key}"
 
 
 def runtime_dir(cfg: Config) -> Path:

@@ -3,6 +3,8 @@ them, checked at load."""
 
 from __future__ import annotations
 
+import os
+
 from pydantic import model_validator
 
 from robotd.config.sections import (
@@ -21,6 +23,19 @@ from robotd.trace.options import TraceOptions
 # since the watchdog's count of holds goes on across an episode reset: the hang must be
 # found, and the new copy's first chunk arrive, before the robot's patience runs out.
 HANG_SHARE_OF_PATIENCE = 0.5
+
+
+# A camera's frame ring (shared memory, reserved up front) may take at most this share of
+# the machine's memory (what /dev/shm holds by default).
+RING_MEMORY_SHARE = 0.5
+
+
+def _physical_memory() -> int:
+    """This machine's memory in bytes (0 where the system does not say)."""
+    try:
+        return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (ValueError, OSError, AttributeError):
+        return 0
 
 
 class Config(_Model):
@@ -62,6 +77,7 @@ class Config(_Model):
                 )
         if clash:
             raise ValueError(f"cameras: names {sorted(clash)} clash with joint observation keys")
+        self._check_rings()
         if self.robot.start == "episode" and (
             self.joints.driver != "sim" or any(c.driver != "sim" for c in self.cameras.values())
         ):
@@ -70,6 +86,31 @@ class Config(_Model):
                 "robots only; a real robot starts 'latched'"
             )
         return self
+
+    def _check_rings(self) -> None:
+        """Each camera's shared-memory ring fits: at most MAX_SLOTS slots (fps ×
+        ring_seconds frames), and at most RING_MEMORY_SHARE of this machine's memory."""
+        from robotd.shm import MAX_SLOTS, ring_bytes, ring_slots
+
+        memory = _physical_memory()
+        for name, cam in self.cameras.items():
+            at = f"cameras.{name}"
+            slots = ring_slots(cam.fps, cam.ring_seconds)
+            if slots > MAX_SLOTS:
+                raise ValueError(
+                    f"{at}.ring_seconds: {cam.ring_seconds:g} s at {at}.fps = {cam.fps:g} needs "
+                    f"{slots} ring slots, at most {MAX_SLOTS} (fps × ring_seconds ≤ "
+                    f"{MAX_SLOTS - 1}); lower either"
+                )
+            size = ring_bytes((cam.height, cam.width, 3), slots)
+            if memory and size > RING_MEMORY_SHARE * memory:
+                raise ValueError(
+                    f"{at}: its shared-memory ring needs {size / 1e9:.3g} GB ({at}.width × "
+                    f"height × 3 = {cam.width} × {cam.height} × 3 bytes a frame, {slots} slots "
+                    f"from fps × ring_seconds = {cam.fps:g} × {cam.ring_seconds:g}), more than "
+                    f"{RING_MEMORY_SHARE:.0%} of this machine's memory ({memory / 1e9:.3g} GB); "
+                    "lower the size, fps or ring_seconds"
+                )
 
     def _check_patience(self) -> None:
         """A hung policy is found before the episode starves: the local worker's

@@ -4,9 +4,17 @@ cameras, policy, runtime (the trace section's model is robotd.trace.options)."""
 from __future__ import annotations
 
 import os
+import re
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
 
 from robotd.link.openpi.options import OpenpiOptions
 from robotd.stream.endpoint import EndpointError, is_stream
@@ -20,7 +28,27 @@ SafetyLimit = Annotated[float, Field(gt=0, allow_inf_nan=False)]
 
 
 class _Model(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    # every float finite: NaN fails every bound silently, infinity overflows what is derived
+    # from it (the loader also refuses both before any model sees them: config.overrides)
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
+
+
+def _known_driver(kind: str, name: Any) -> Any:
+    """A driver name that names a driver (a built-in or a plugin's entry point), checked
+    with its section so that a typo is reported as such, before the rules that span
+    sections (robot.start's 'simulated robots only')."""
+    from drivers.base import DriverConfigError, driver_class
+
+    if isinstance(name, str):
+        try:
+            driver_class(kind, name)
+        except DriverConfigError as exc:
+            raise ValueError(str(exc)) from None
+    return name
+
+
+_DOTTED = r"[A-Za-z_]\w*(\.[A-Za-z_]\w*)*"
+POLICY_SPEC = re.compile(f"{_DOTTED}:{_DOTTED}")
 
 
 class RobotConfig(_Model):
@@ -30,8 +58,11 @@ class RobotConfig(_Model):
     start: Literal["latched", "idle", "episode"] = "latched"
 
 
+MIN_HZ = 1  # control.hz
+
+
 class ControlConfig(_Model):
-    hz: float = Field(30.0, gt=0, le=2000)
+    hz: float = Field(30.0, gt=0, le=2000)  # and at least MIN_HZ (_hz)
     spin_us: int = Field(200, ge=0, le=5000)
     rt_priority: int = Field(80, ge=0, le=99)
     lock_memory: bool = True
@@ -63,6 +94,15 @@ class ControlConfig(_Model):
     # category and exits (a restarted daemon starts latched)
     orphan_s: float = Field(2.0, ge=0, le=60)
 
+    @field_validator("hz")
+    @classmethod
+    def _hz(cls, value: float) -> float:
+        # a slower "loop" is no control loop, and what is derived from the period (its ns,
+        # the seconds of patience) overflows below it
+        if value < MIN_HZ:
+            raise ValueError(f"must be >= {MIN_HZ} (a control rate in Hz), got {value!r}")
+        return value
+
     @field_validator("refill_steps", mode="before")
     @classmethod
     def _refill(cls, value: Any) -> Any:
@@ -79,6 +119,11 @@ class JointsConfig(_Model):
     lower: list[FiniteFloat]
     upper: list[FiniteFloat]
     options: dict[str, Any] = {}
+
+    @field_validator("driver")
+    @classmethod
+    def _driver(cls, value: str) -> str:
+        return _known_driver("joints", value)
 
     @model_validator(mode="after")
     def _consistent(self) -> JointsConfig:
@@ -122,6 +167,11 @@ class CameraConfig(_Model):
     ring_seconds: float = Field(2.0, gt=0, le=60)
     options: dict[str, Any] = {}
 
+    @field_validator("driver")
+    @classmethod
+    def _driver(cls, value: str) -> str:
+        return _known_driver("cameras", value)
+
 
 class OpenpiConfig(OpenpiOptions):
     """[policy.openpi], used with policy.link = "openpi": the request mapping (inputs),
@@ -137,7 +187,8 @@ class PolicyConfig(_Model):
     serve: str = "robotd.demo:DotFollower"  # MODULE:CLASS for the local worker
     args: dict[str, Any] = {}
     timeout_s: float = Field(10.0, gt=0)
-    stream_wait_s: float = Field(10.0, gt=0)
+    # at most the wait an act may ask of the worker (robotd.worker.requests.MAX_WAIT_S)
+    stream_wait_s: float = Field(10.0, gt=0, le=600)
     # a chunk's rows, as answered and at the control rate; more is refused whole
     max_chunk_rows: int = Field(1024, ge=1, le=4096)
     # no answer to the worker's heartbeat this long: gone (the robot holds, reconnect)
@@ -160,6 +211,19 @@ class PolicyConfig(_Model):
     @classmethod
     def _old_link_name(cls, value: Any) -> Any:
         return "robotd" if value == "zmq" else value
+
+    @field_validator("serve")
+    @classmethod
+    def _serve(cls, value: str, info: ValidationInfo) -> str:
+        """What the local worker imports (not checked for a remote worker, which serves
+        what it was started with)."""
+        local = info.data.get("link") == "robotd" and not info.data.get("worker")
+        if local and not POLICY_SPEC.fullmatch(value):
+            raise ValueError(
+                f"{value!r} is not MODULE:CLASS (the local worker imports MODULE and serves "
+                "its CLASS, e.g. 'robotd.demo:DotFollower')"
+            )
+        return value
 
     @model_validator(mode="after")
     def _worker_endpoint(self) -> PolicyConfig:

@@ -45,9 +45,20 @@ def _check_dir(path: Path, st: os.stat_result) -> None:
 
 
 def _open_dir(path: Path) -> int:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with contextlib.suppress(FileExistsError):
-        os.mkdir(path, MAX_MODE)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with contextlib.suppress(FileExistsError):
+            os.mkdir(path, MAX_MODE)
+    except OSError as exc:
+        why = exc.strerror or str(exc)
+        if isinstance(exc, FileExistsError):  # a file where a directory must be
+            why = "not a directory"
+        if exc.filename and str(exc.filename) != str(path):
+            why = f"{exc.filename}: {why}"
+        raise RunDirError(
+            f"runtime.dir {path}: cannot create it: {why}; choose a directory the daemon's "
+            "user may create"
+        ) from None
     try:
         st = os.lstat(path)
     except OSError as exc:
@@ -65,6 +76,40 @@ def _open_dir(path: Path) -> int:
         os.close(fd)
         raise
     return fd
+
+
+def check_run_dir(path: Path) -> None:
+    """What lock_run_dir would refuse, found without creating anything (`robotd check`):
+    RunDirError when `path` exists and is not a directory of ours with a narrow mode, or
+    does not exist and its nearest existing ancestor is not a directory we may write."""
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        st = None
+    except OSError as exc:
+        raise RunDirError(f"runtime.dir {path}: {exc.strerror}") from None
+    if st is not None:
+        if stat.S_ISLNK(st.st_mode):
+            raise RunDirError(f"run directory {path} is a symlink: it is not followed")
+        _check_dir(path, st)
+        return
+    parent = path.parent
+    while not parent.exists() and parent != parent.parent:
+        parent = parent.parent
+    if not parent.is_dir() or not os.access(parent, os.W_OK | os.X_OK) or _holds_nothing(parent):
+        raise RunDirError(
+            f"runtime.dir {path}: cannot create it: {parent} is not a directory this user "
+            "may write; choose a directory the daemon's user may create"
+        )
+
+
+def _holds_nothing(directory: Path) -> bool:
+    """A read-only filesystem, or one without blocks (/proc, /sys): nothing is made there."""
+    try:
+        fs = os.statvfs(directory)
+    except OSError:
+        return False
+    return bool(fs.f_flag & os.ST_RDONLY) or fs.f_blocks == 0
 
 
 def _open_pid_file(path: Path, dir_fd: int) -> int:

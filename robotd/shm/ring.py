@@ -67,6 +67,14 @@ def ring_slots(fps: float, budget_s: float, minimum: int = 4) -> int:
     return max(minimum, int(np.ceil(fps * budget_s)) + 1)
 
 
+MAX_SLOTS = 4096  # slots a ring may have
+
+
+def ring_bytes(shape: tuple[int, int, int], slots: int) -> int:
+    """The shared memory a ring of `slots` frames of `shape` reserves, in bytes."""
+    return _geometry(shape, slots)[2]
+
+
 def _geometry(shape: tuple[int, int, int], slots: int) -> tuple[int, int, int]:
     """(end of the index, slot stride, total size) in bytes."""
     h, w, c = shape
@@ -83,8 +91,8 @@ def _check_shape(shape: object, slots: object) -> tuple[tuple[int, int, int], in
     )
     if not ok:
         raise ValueError(f"FrameRing shape must be (height, width, channels) > 0, got {shape!r}")
-    if not isinstance(slots, int | np.integer) or not 2 <= slots <= 4096:
-        raise ValueError(f"FrameRing slots must be an int in 2..4096, got {slots!r}")
+    if not isinstance(slots, int | np.integer) or not 2 <= slots <= MAX_SLOTS:
+        raise ValueError(f"FrameRing slots must be an int in 2..{MAX_SLOTS}, got {slots!r}")
     h, w, c = (int(d) for d in shape)  # type: ignore[union-attr]
     return (h, w, c), int(slots)
 

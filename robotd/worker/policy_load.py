@@ -4,8 +4,11 @@ from __future__ import annotations
 
 import importlib
 import inspect
+import logging
 import typing
 from typing import Any
+
+log = logging.getLogger(__name__)
 
 
 class PolicyLoadError(ValueError):
@@ -17,20 +20,29 @@ def load_class(spec: str) -> type:
     module_name, sep, attr = spec.partition(":")
     if not sep or not module_name or not attr:
         raise PolicyLoadError(
-            f"policy {spec!r}: expected MODULE:CLASS, e.g. robotd.demo:DotFollower"
+            f"policy.serve {spec!r}: expected MODULE:CLASS, e.g. robotd.demo:DotFollower"
         )
     try:
         obj: Any = importlib.import_module(module_name)
     except ImportError as err:
         raise PolicyLoadError(
-            f"policy {spec!r}: cannot import module {module_name!r}: {err}"
+            f"policy.serve {spec!r}: cannot import module {module_name!r}: {err}"
         ) from err
+    except Exception as err:  # the module's own code failed (CUDA absent, a SyntaxError)
+        log.debug("importing policy module %s failed", module_name, exc_info=True)
+        text = " ".join(str(err).split())
+        raise PolicyLoadError(
+            f"policy.serve {spec!r}: importing module {module_name} raised "
+            f"{type(err).__name__}" + (f": {text}" if text else "")
+        ) from None
     for part in attr.split("."):
         if not hasattr(obj, part):
-            raise PolicyLoadError(f"policy {spec!r}: {module_name!r} has no attribute {attr!r}")
+            raise PolicyLoadError(
+                f"policy.serve {spec!r}: {module_name!r} has no attribute {attr!r}"
+            )
         obj = getattr(obj, part)
     if not isinstance(obj, type):
-        raise PolicyLoadError(f"policy {spec!r}: {attr!r} is not a class")
+        raise PolicyLoadError(f"policy.serve {spec!r}: {attr!r} is not a class")
     return obj
 
 
