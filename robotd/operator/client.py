@@ -7,6 +7,7 @@ nobody listens on it, after the timeout (default 1 s) when the daemon does not r
 
 from __future__ import annotations
 
+import math
 import os
 import socket
 import stat
@@ -27,6 +28,21 @@ MAX_REPLY_BYTES = 64 << 20
 
 class Unreachable(Exception):
     """No daemon answered; the message says what was tried and what was found."""
+
+    sent = False  # the request went out: it may still be carried out
+
+
+class NoReply(Unreachable):
+    """The request was sent and no reply came in time: the daemon may still act on it."""
+
+    sent = True
+
+
+def check_timeout(timeout_s: float) -> float:
+    """`timeout_s` when it is a number of seconds > 0 and finite; ValueError otherwise."""
+    if not (isinstance(timeout_s, int | float) and 0 < timeout_s < math.inf):
+        raise ValueError(f"timeout {timeout_s!r}: must be seconds > 0 (and finite)")
+    return float(timeout_s)
 
 
 @dataclass(frozen=True)
@@ -81,7 +97,7 @@ class ControlClient:
         curve: CurveClient | None = None,
     ) -> None:
         self.endpoint = endpoint
-        self.timeout_s = timeout_s
+        self.timeout_s = check_timeout(timeout_s)
         self.sock = zmq.Context.instance().socket(zmq.DEALER)
         self.sock.setsockopt(zmq.LINGER, 0)
         self.sock.setsockopt(zmq.MAXMSGSIZE, MAX_REPLY_BYTES)
@@ -98,7 +114,7 @@ class ControlClient:
         while True:
             left = int((deadline - time.monotonic()) * 1000)
             if left <= 0 or not self.sock.poll(left):
-                raise Unreachable(
+                raise NoReply(
                     f"no reply from {self.endpoint} within {self.timeout_s:g} s "
                     "(the daemon is not running, hung, or does not accept this client)"
                 )
@@ -160,7 +176,7 @@ def estop_via_lane(control_endpoint: str, reason: str, timeout_s: float) -> dict
     sock.setsockopt(zmq.LINGER, 0)
     try:
         sock.connect(f"ipc://{lane}")
-        sock.send(codec.encode(Estop(rid, reason[:200])), zmq.NOBLOCK)
+        sock.send(codec.encode(Estop(rid, reason[:200], time.monotonic_ns())), zmq.NOBLOCK)
         deadline = time.monotonic() + timeout_s
         while (left := deadline - time.monotonic()) > 0 and sock.poll(int(left * 1000) + 1):
             try:

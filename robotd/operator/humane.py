@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from robotd.operator.words import state_words
+from robotd.operator.words import printable, state_words
 
 MAX_LINES = 400
 
@@ -19,17 +19,31 @@ def assignments(items: list[str]) -> dict[str, Any]:
         key, sep, value = item.partition("=")
         if not sep or not key.strip():
             raise ValueError(f"params set: {item!r}: expected KEY=VALUE (e.g. control.hz=50)")
-        out[key.strip()] = _parse_value(value.strip())
+        out[key.strip()] = _sendable(key.strip(), _parse_value(value.strip()))
     if not out:
         raise ValueError("params set: give at least one KEY=VALUE")
     return out
+
+
+def _sendable(key: str, value: Any) -> Any:
+    from robotd import wire
+
+    try:
+        wire.packb(value)
+    except wire.WireError:
+        kind = type(value).__name__
+        raise ValueError(
+            f"params set {key!r}: a {kind} cannot be sent (a string, number, boolean, "
+            "array or table can)"
+        ) from None
+    return value
 
 
 def _flat(value: Any, prefix: str = "") -> list[tuple[str, Any]]:
     if isinstance(value, dict) and value:
         rows: list[tuple[str, Any]] = []
         for k, v in value.items():
-            rows += _flat(v, f"{prefix}.{k}" if prefix else str(k))
+            rows += _flat(v, f"{prefix}.{printable(k)}" if prefix else printable(k))
         return rows
     return [(prefix, value)]
 
@@ -37,7 +51,7 @@ def _flat(value: Any, prefix: str = "") -> list[tuple[str, Any]]:
 def _lines(result: Any) -> str:
     rows = _flat(result)
     if not rows or rows == [("", result)]:
-        return "" if result is None else str(result)
+        return "" if result is None else printable(result)
     width = min(max(len(k) for k, _ in rows), 40)
     text = [f"{k:<{width}}  {_value(v)}" for k, v in rows[:MAX_LINES]]
     if len(rows) > MAX_LINES:
@@ -49,8 +63,43 @@ def _value(v: Any) -> str:
     if isinstance(v, float):
         return f"{v:.6g}"
     if isinstance(v, list) and len(v) > 8:
-        return f"[{', '.join(map(str, v[:8]))}, … {len(v)} items]"
-    return str(v)
+        return printable(f"[{', '.join(map(str, v[:8]))}, … {len(v)} items]")
+    return printable(v)
+
+
+def _set(value: Any) -> bool:
+    """A field worth printing: not missing, not empty, not a zero count."""
+    return isinstance(value, bool) or value not in (None, "", 0, {}, [])
+
+
+LINK_FIELDS = (
+    ("policy", "policy {}"),
+    ("endpoint", "worker {}"),
+    ("reconnects", "{} reconnects"),
+    ("worker_gone_s", "worker gone {} s in all"),
+)
+
+
+def link_words(link: dict[str, Any]) -> str:
+    """The policy link in a line, only what is set: 'up for 4 s, policy P, worker
+    ENDPOINT'; 'gone for 2 s: REASON, …, 3 reconnects, worker gone 7 s in all'."""
+    rest = {k: v for k, v in link.items() if _set(v)}
+    head = printable(rest.pop("state", "state unknown"))
+    since = rest.pop("for_s", None)
+    if isinstance(since, int | float) and not isinstance(since, bool):
+        head += f" for {since:g} s"
+    if "reason" in rest:
+        head += f": {printable(rest.pop('reason'))}"
+    parts = [head]
+    for key, form in LINK_FIELDS:
+        if key in rest:
+            parts.append(form.format(_value(rest.pop(key))))
+    if rest.get("link") == "robotd":  # robotd's own link: the usual one, not worth a word
+        rest.pop("link")
+    elif "link" in rest:
+        parts.append(f"{printable(rest.pop('link'))} link")
+    parts += [f"{printable(k)} {_value(v)}" for k, v in rest.items()]
+    return ", ".join(parts)
 
 
 def status(result: dict[str, Any]) -> str:
@@ -63,16 +112,17 @@ def status(result: dict[str, Any]) -> str:
     if result.get("via") == "lane.sock":
         lines.append("via      lane.sock: the main process did not answer, the control lane did")
     if isinstance(result.get("link"), dict) and result["link"]:
-        lines.append("link     " + "  ".join(f"{k} {v}" for k, v in result["link"].items()))
+        lines.append(f"link     {link_words(result['link'])}")
     if result.get("run_id"):
-        lines.append(f"run      {result['run_id']} on robot {result.get('robot', '?')!r}")
+        robot = printable(repr(result.get("robot", "?")))
+        lines.append(f"run      {printable(result['run_id'])} on robot {robot}")
     return "\n".join(lines)
 
 
 def result(command: str, value: Any) -> str:
     """One command's result for a person."""
     if isinstance(value, str):
-        return value
+        return printable(value)
     if command in ("status", "start", "stop", "estop", "clear_fault", "reset_done") and isinstance(
         value, dict
     ):
@@ -80,11 +130,11 @@ def result(command: str, value: Any) -> str:
     if command == "verdict" and isinstance(value, dict):
         said = "success" if value.get("success") else "failure"
         notes = f": {value['notes']}" if value.get("notes") else ""
-        return f"episode {value.get('episode')}: {said}{notes}"
+        return printable(f"episode {value.get('episode')}: {said}{notes}")
     if command == "keygen" and isinstance(value, dict):
         return (
-            f"public key  {value.get('public')}   (copy it into the daemon's "
-            f"runtime.curve_clients directory)\nsecret key  {value.get('secret')}   "
+            f"public key  {printable(value.get('public'))}   (copy it into the daemon's "
+            f"runtime.curve_clients directory)\nsecret key  {printable(value.get('secret'))}   "
             "(keep it here; robotctl --key uses it)"
         )
     return _lines(value)

@@ -7,10 +7,11 @@
     robotctl watch                       # live view; `e` sends an e-stop
     robotctl keygen [--dir DIR] [--name NAME]
 
-Exit codes: 0 ok, 1 the daemon answered with an error, 2 no daemon answered (at once
-when its socket file is missing or dead, after --timeout, default 1 s, otherwise),
-64 a usage error, 78 a bad config or key file. Output is for people unless --json
-(one JSON object on stdout, errors too).
+Exit codes: 0 ok, 1 the daemon answered with an error (status and stats too when it says
+the control lane has gone silent), 2 no daemon answered (at once when its socket file is
+missing or dead, after --timeout, default 1 s, otherwise), 64 a usage error, 78 a bad
+config or key file. Output is for people unless --json (one JSON object on stdout,
+errors too).
 """
 
 from __future__ import annotations
@@ -18,9 +19,11 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import sys
 from pathlib import Path
 from typing import Any, NoReturn
+from urllib.parse import urlsplit
 
 from robotd.errors import ConfigError
 from robotd.operator import humane
@@ -28,16 +31,70 @@ from robotd.operator.client import (
     DEFAULT_TIMEOUT_S,
     ControlClient,
     Unreachable,
+    check_timeout,
     estop_via_lane,
     request_once,
 )
 from robotd.operator.curve import KeyFileError, keygen
-from robotd.operator.locate import LocateError, Target, default_key_file, locate
+from robotd.operator.locate import Target, default_key_file, locate
+from robotd.operator.requests import MAX_TEXT
+from robotd.operator.words import printable
 
 EXIT_OK, EXIT_ERROR, EXIT_UNREACHABLE, EXIT_USAGE, EXIT_CONFIG = 0, 1, 2, 64, 78
 __all__ = ["ControlClient", "estop", "main"]
 
 SIMPLE = ["status", "stop", "estop", "clear_fault", "reset_done", "stats"]
+# Commands that change something: without a reply in time they may still be carried out.
+ACTING = frozenset({"start", "stop", "clear_fault", "reset_done", "verdict"})
+PARAMS_HINT = "say: robotctl params set KEY=VALUE"
+_UNDECODABLE = re.compile("[\ud800-\udfff]")  # argv bytes that were not UTF-8
+
+
+class UsageError(ValueError):
+    """An argument robotctl cannot send; the message names it."""
+
+
+def _seconds(text: str) -> float:
+    try:
+        return check_timeout(float(text))
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not a number of seconds > 0 (and finite)"
+        ) from None
+
+
+def estop_reason(reason: str) -> str:
+    """Any --reason made sendable, for an e-stop must always go: bytes that were not UTF-8
+    replaced (U+FFFD), cut to the daemon's limit."""
+    clean, limit = _UNDECODABLE.sub("\ufffd", reason), MAX_TEXT["reason"]
+    return clean if len(clean) <= limit else clean[: limit - 1] + "…"
+
+
+def text_arg(where: str, text: str, limit: int | None = None) -> str:
+    """`text` as given when the daemon takes it; UsageError naming `where` otherwise."""
+    bad = _UNDECODABLE.search(text)
+    if bad is not None:
+        at = bad.start()
+        raise UsageError(f"{where}: not UTF-8 text (an undecodable byte at character {at})")
+    if limit is not None and len(text) > limit:
+        raise UsageError(f"{where} is {len(text)} characters; the daemon takes at most {limit}")
+    return text
+
+
+def check_endpoint(endpoint: str | None, where: str) -> None:
+    """UsageError when an ipc endpoint names no socket file or a tcp port is no number."""
+    if endpoint is None:
+        return
+    if endpoint.startswith("ipc://") and not Path(endpoint.removeprefix("ipc://")).name:
+        raise UsageError(
+            f"{where} {endpoint!r}: the endpoint has no socket path "
+            "(e.g. ipc:///run/robotd/control.sock)"
+        )
+    if endpoint.startswith("tcp://"):
+        try:
+            _ = urlsplit(endpoint).port  # ValueError when not a number 0-65535
+        except ValueError:
+            raise UsageError(f"{where} {endpoint!r}: the port is not a number 0-65535") from None
 
 
 class _Parser(argparse.ArgumentParser):
@@ -53,7 +110,7 @@ def _common() -> argparse.ArgumentParser:
     c.add_argument("--config", type=Path, default=None, help="the robot's config: its endpoints")
     c.add_argument("--server-key", default=None, help="tcp: the daemon's public .key file")
     c.add_argument("--key", default=None, help="tcp: this client's .key_secret file")
-    c.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT_S, help="seconds to wait")
+    c.add_argument("--timeout", type=_seconds, default=DEFAULT_TIMEOUT_S, help="seconds to wait")
     c.add_argument("--json", action="store_true", help="one JSON object on stdout")
     return c
 
@@ -69,7 +126,7 @@ def _parser() -> argparse.ArgumentParser:
     start = sub.add_parser("start", parents=[common], help="start an episode")
     start.add_argument("--task", default="", help="the episode's task text, for the policy")
     params = sub.add_parser("params", parents=[common], help="show (or set) parameters")
-    params.add_argument("action", nargs="?", choices=["set"])
+    params.add_argument("action", nargs="?", metavar="set", help="set KEY=VALUE ...")
     params.add_argument("assignments", nargs="*", metavar="KEY=VALUE")
     verdict = sub.add_parser("verdict", parents=[common], help="judge the current episode")
     v = verdict.add_mutually_exclusive_group(required=True)
@@ -78,7 +135,7 @@ def _parser() -> argparse.ArgumentParser:
     verdict.add_argument("--notes", default="")
     verdict.add_argument("--replace", action="store_true", help="replace an earlier verdict")
     watch = sub.add_parser("watch", parents=[common], help="live view; e sends an e-stop")
-    watch.add_argument("--seconds", type=float, default=None, help="stop after this long")
+    watch.add_argument("--seconds", type=_seconds, default=None, help="stop after this long")
     kg = sub.add_parser("keygen", help="make a CURVE key pair (NAME.key, NAME.key_secret)")
     kg.add_argument("--dir", type=Path, default=None, help="default: ~/.config/robotd")
     kg.add_argument("--name", default="robotctl")
@@ -88,15 +145,19 @@ def _parser() -> argparse.ArgumentParser:
 
 def _request_args(args: argparse.Namespace) -> dict[str, Any]:
     if args.command == "start":
-        return {"task": args.task} if args.task else {}
+        task = text_arg("start --task", args.task, MAX_TEXT["task"])
+        return {"task": task} if task else {}
     if args.command == "verdict":
-        out: dict[str, Any] = {"success": bool(args.success), "notes": args.notes}
+        notes = text_arg("verdict --notes", args.notes, MAX_TEXT["notes"])
+        out: dict[str, Any] = {"success": bool(args.success), "notes": notes}
         return {**out, "replace": True} if args.replace else out
-    if args.command == "params":
-        if args.action is None and args.assignments:
-            raise LocateError("params: to change one, say: robotctl params set KEY=VALUE")
-        if args.action == "set":
-            return {"set": humane.assignments(args.assignments)}
+    if args.command == "params" and args.action is not None:
+        if args.action != "set":
+            said = "to change one" if "=" in args.action else f"unknown {args.action!r}"
+            raise UsageError(f"params: {said}, {PARAMS_HINT}")
+        for item in args.assignments:
+            text_arg(f"params set {item.partition('=')[0]!r}", item)
+        return {"set": humane.assignments(args.assignments)}
     return {}
 
 
@@ -113,8 +174,11 @@ class Output:
     def error(self, command: str, code: str, message: str, exit_code: int) -> int:
         if self.json:
             print(json.dumps({"ok": False, "error": {"code": code, "message": message}}))
-        else:
-            print(f"robotctl: {command}: {code}: {message}", file=sys.stderr)
+            return exit_code
+        said = [command] if code == command else [command, code]
+        for prefix in said:  # the daemon's messages often start with the command's name
+            message = message.removeprefix(f"{prefix}: ")
+        print(printable(f"robotctl: {': '.join(said)}: {message}"), file=sys.stderr)
         return exit_code
 
 
@@ -122,7 +186,9 @@ def estop(target: Target, reason: str, timeout_s: float) -> tuple[str, Any]:
     """The e-stop through the daemon, else straight to the control lane.
 
     ("ok", result) once confirmed; ("error", (code, message)) when the daemon refused;
-    ("unreachable", words) when nobody confirmed it (then it never claims success)."""
+    ("unreachable", words) when nobody confirmed it (then it never claims success). Any
+    `reason` goes, made sendable (estop_reason)."""
+    reason = estop_reason(reason)
     try:
         reply = request_once(
             target.control,
@@ -146,34 +212,51 @@ def _watch_estop(target: Target, timeout_s: float) -> tuple[bool, str]:
     status, what = estop(target, "robotctl watch", timeout_s)
     if status == "ok":
         return True, humane.result("estop", what).replace("\n", "; ")
-    return False, what if status == "unreachable" else f"{what[0]}: {what[1]}"
+    return False, printable(what if status == "unreachable" else f"{what[0]}: {what[1]}")
+
+
+def _estop_command(target: Target, args: argparse.Namespace, out: Output) -> int:
+    status, what = estop(target, args.reason, args.timeout)
+    if status == "ok":
+        return out.result("estop", what)
+    if status == "error":
+        return out.error("estop", what[0], what[1], EXIT_ERROR)
+    return out.error("estop", "unreachable", what, EXIT_UNREACHABLE)
+
+
+def _lane_silent(command: str, result: Any) -> bool:
+    """status and stats answered, but the daemon says the control lane has gone silent:
+    what they show is its last word, not live, so they do not exit 0."""
+    silent = isinstance(result, dict) and result.get("lane_silent") is True
+    return silent and command in ("status", "stats")
 
 
 def _run(args: argparse.Namespace, out: Output) -> int:
     if args.command == "keygen":
         public, secret = keygen(args.dir or default_key_file().parent, args.name)
         return out.result("keygen", {"public": str(public), "secret": str(secret)})
+    check_endpoint(args.endpoint or os.environ.get("ROBOTD_ENDPOINT") or None, "--endpoint")
+    check_endpoint(args.telemetry, "--telemetry")
     target = locate(args.endpoint, args.telemetry, args.config, args.server_key, args.key)
     if args.command == "watch":
         from robotd.operator.watch import watch
 
         return watch(target, lambda: _watch_estop(target, args.timeout), seconds=args.seconds)
     if args.command == "estop":
-        status, what = estop(target, args.reason, args.timeout)
-        if status == "ok":
-            return out.result("estop", what)
-        if status == "error":
-            return out.error("estop", what[0], what[1], EXIT_ERROR)
-        return out.error("estop", "unreachable", what, EXIT_UNREACHABLE)
+        return _estop_command(target, args, out)
     request = _request_args(args)
     try:
         reply = request_once(
             target.control, args.command, request, timeout_s=args.timeout, curve=target.curve
         )
     except Unreachable as exc:
-        return out.error(args.command, "unreachable", str(exc), EXIT_UNREACHABLE)
+        said = str(exc)
+        if exc.sent and (args.command in ACTING or "set" in request):
+            said += f"; the {args.command} may still take effect: check robotctl status"
+        return out.error(args.command, "unreachable", said, EXIT_UNREACHABLE)
     if reply.get("ok"):
-        return out.result(args.command, reply.get("result"))
+        code = out.result(args.command, reply.get("result"))
+        return EXIT_ERROR if _lane_silent(args.command, reply.get("result")) else code
     err = reply.get("error") if isinstance(reply.get("error"), dict) else {}
     code, message = str(err.get("code", "error")), str(err.get("message", ""))
     return out.error(args.command, code, message, EXIT_ERROR)
@@ -187,7 +270,7 @@ def main(argv: list[str] | None = None) -> int:
         return _run(args, out)
     except (ConfigError, KeyFileError) as exc:
         return out.error("config", "config", str(exc), EXIT_CONFIG)
-    except ValueError as exc:  # LocateError and bad KEY=VALUE arguments
+    except ValueError as exc:  # UsageError, LocateError and bad KEY=VALUE arguments
         return out.error("usage", "usage", str(exc), EXIT_USAGE)
     except KeyboardInterrupt:
         return 130

@@ -301,8 +301,8 @@ class OperatorServer:
         v = self.view
         if req.cmd == "status":
             return {**v.state(), "run_id": v.run_id, "robot": v.robot, "link": v.link()}
-        if req.cmd == "stats":
-            return v.summary.to_dict()
+        if req.cmd == "stats":  # the lane's age first: its numbers may be its last
+            return {**v.lane(), **v.summary.to_dict()}
         if req.cmd == "verdict":
             return self._verdict(req.args)
         raise RequestError("unknown_command", req.cmd)  # unreachable: parse_request checked

@@ -1,5 +1,6 @@
-"""The live status line of `robotd run` on a terminal: state (a fault with its cause),
-step, Hz, lateness p99, queue, acts, holds, shield interventions.
+"""The live status line of `robotd run` on a terminal: state (a fault with its cause, or
+LANE SILENT with the control lane's last state), step, Hz, lateness p99, queue, acts,
+holds, shield interventions.
 
 Log records never run into it: while it is shown, the log handlers that write to the
 terminal are swapped for one that clears the line, writes the record and redraws the
@@ -15,7 +16,7 @@ from typing import Any, TextIO
 
 import anyio
 
-from robotd.operator.words import fault_words
+from robotd.operator.words import fault_words, lane_words
 from robotd.runtime.view import DaemonView
 
 CLEAR = "\r\x1b[2K"
@@ -38,7 +39,9 @@ def format_status(
     link: dict[str, Any] | None = None,
 ) -> str:
     name = state.get("state", "?")
-    if name == "FAULT":
+    if silent := lane_words(state):  # the numbers that follow are the lane's last ones
+        head = silent
+    elif name == "FAULT":
         head = f"FAULT {fault_words(state.get('fault')) or '(cause unknown)'}"
     else:
         head = f"{name:<9} ep {state.get('episode', 0)} step {state.get('step', 0):>6}"

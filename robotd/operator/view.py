@@ -4,7 +4,9 @@
 it came, whether a daemon is there, the last e-stop outcome), so the same screens can
 be checked without a terminal. Every telemetry field may be missing or mistyped:
 what is not there shows as "—"; the worker link (`link`, a map of a few words) shows
-whatever the daemon reports, or "not reported".
+whatever the daemon reports, or "not reported". Two kinds of STALE: the daemon's
+telemetry stopped (`age_s`), or the daemon says its control lane went silent (the
+message's `state.lane_silent`, with the lane's age when it was sent).
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ from rich.console import Group
 from rich.table import Table
 from rich.text import Text
 
-from robotd.operator.words import fault_words, is_estop
+from robotd.operator.words import fault_words, is_estop, printable, state_words
 
 STATE_STYLE = {
     "RUNNING": "bold green",
@@ -59,7 +61,7 @@ def _state_line(state: Any) -> Text:
     if is_estop(state):
         text.append(" E-STOP ", style="bold white on red")
         text.append(" ")
-    text.append(f" {name[:20]} ", style=STATE_STYLE.get(name, "bold"))
+    text.append(f" {printable(name[:20])} ", style=STATE_STYLE.get(name, "bold"))
     if name == "FAULT":
         text.append("  " + fault_words(_get(state, "fault")), style="bold red")
     return text
@@ -76,7 +78,7 @@ def _counters(msg: dict[str, Any]) -> Table:
     t.add_row(
         "episode",
         f"{_num(_get(state, 'episode'))}  step {_num(_get(state, 'step'))}"
-        f"  worker episode {_get(state, 'wep') or '—'}",
+        f"  worker episode {printable(_get(state, 'wep') or '—')}",
     )
     t.add_row(
         "rate",
@@ -114,13 +116,32 @@ def _counters(msg: dict[str, Any]) -> Table:
     )
     link = _get(msg, "link")
     if isinstance(link, dict) and link:
-        words = "   ".join(f"{str(k)[:20]} {str(v)[:60]}" for k, v in list(link.items())[:6])
+        pairs = list(link.items())[:6]
+        words = "   ".join(printable(f"{str(k)[:20]} {str(v)[:60]}") for k, v in pairs)
         t.add_row("link", words)
     else:
         t.add_row("link", Text("worker link state not reported by this daemon", style="dim"))
     torque = _get(state, "torque")
     t.add_row("torque", "on" if torque is True else "off" if torque is False else "—")
     return t
+
+
+def _lane_stale(screen: Screen) -> Text | None:
+    """The banner when the daemon says the control lane went silent, else None."""
+    state = _get(screen.msg, "state")
+    if _get(state, "lane_silent") is not True:
+        return None
+    age = _get(state, "lane_age_s")
+    if isinstance(age, int | float) and not isinstance(age, bool):
+        age += screen.age_s or 0.0  # it has gone on aging since the message was sent
+        when = f"{age:.0f} s"
+    else:
+        when = "a while"
+    last = state_words({**state, "lane_silent": False})
+    return Text(
+        f" STALE  control lane silent {when} (last: {last}): what follows is its last word ",
+        style="bold black on yellow",
+    )
 
 
 def render(screen: Screen) -> Group:
@@ -142,6 +163,8 @@ def render(screen: Screen) -> Group:
                     style="bold black on yellow",
                 )
             )
+        if (lane := _lane_stale(screen)) is not None:
+            parts.append(lane)
         parts.append(_state_line(_get(screen.msg, "state")))
         parts.append(_counters(screen.msg))
     if screen.notice:

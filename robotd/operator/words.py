@@ -4,21 +4,31 @@ comes off a wire); nothing here raises."""
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
+# Exactly the causes the control lane latches a fault with (robotd/control: kernel.fault,
+# the startup latch in episode.py, process.py when the main process is gone).
 CAUSES = {
     "estop": "e-stop",
     "driver": "joint driver fault",
     "safety": "safety shield: rejected actions",
-    "camera": "camera fault",
     "startup": "started latched",
-    "lane": "control lane lost its main process",
+    "main_gone": "control lane lost its main process",
 }
+
+_CONTROL = re.compile("[\x00-\x1f\x7f-\x9f]")
+
+
+def printable(text: Any) -> str:
+    """`text` safe for a terminal: every control character (C0, DEL, C1) shown as a
+    visible escape (``\\x1b``), so nothing off a wire can move the cursor or retitle it."""
+    return _CONTROL.sub(lambda m: f"\\x{ord(m.group()):02x}", str(text))
 
 
 def _text(value: Any, limit: int = 120) -> str:
     flat = " ".join(str(value).split())
-    return flat if len(flat) <= limit else flat[: limit - 1] + "…"
+    return printable(flat if len(flat) <= limit else flat[: limit - 1] + "…")
 
 
 def fault_words(fault: Any) -> str:
@@ -39,10 +49,22 @@ def is_estop(state: Any) -> bool:
     return isinstance(fault, dict) and fault.get("cause") == "estop"
 
 
+def lane_words(state: Any) -> str:
+    """'LANE SILENT 12.3 s (last: RUNNING episode 11 step 427)' when the daemon says the
+    control lane has gone silent (its state is then only the lane's last word), else ''."""
+    if not isinstance(state, dict) or state.get("lane_silent") is not True:
+        return ""
+    age = state.get("lane_age_s")
+    secs = f"{age:.1f}" if isinstance(age, int | float) and not isinstance(age, bool) else "?"
+    return f"LANE SILENT {secs} s (last: {state_words({**state, 'lane_silent': False})})"
+
+
 def state_words(state: Any) -> str:
-    """'FAULT — e-stop: …' or 'RUNNING episode 3 step 110'."""
+    """'FAULT — e-stop: …' or 'RUNNING episode 3 step 110' (or `lane_words` when silent)."""
     if not isinstance(state, dict):
         return "unknown"
+    if silent := lane_words(state):
+        return silent
     name = _text(state.get("state") or "?", 20)
     if name == "FAULT":
         cause = fault_words(state.get("fault"))

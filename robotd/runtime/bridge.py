@@ -26,7 +26,9 @@ import zmq
 import zmq.asyncio
 
 from robotd.lane import codec
-from robotd.lane.messages import Command, Estop, Reply, Stats, Status
+from robotd.lane.messages import Bye, Command, Estop, Ready, Reply, Stats, Status
+from robotd.operator.words import state_words
+from robotd.runtime.view import SILENT_MIN_S, LaneSilence, status_dict
 
 log = logging.getLogger("robotd")
 
@@ -47,7 +49,9 @@ class LaneBridge:
     """Owns the main side's lane sockets. `on(type, handler)` registers what to do with
     each kind of up message; `run()` receives until cancelled."""
 
-    def __init__(self, ctx: zmq.asyncio.Context, run_dir: Path) -> None:
+    def __init__(
+        self, ctx: zmq.asyncio.Context, run_dir: Path, *, silent_after_s: float = SILENT_MIN_S
+    ) -> None:
         pid = os.getpid()
         self.up_ep = f"ipc://{run_dir}/up-{pid}.sock"
         self.down_ep = f"ipc://{run_dir}/lane-{pid}.sock"
@@ -68,6 +72,10 @@ class LaneBridge:
         self.dropped = 0  # down messages dropped because the lane's inbound queue was full
         self.bad = 0  # up frames that did not decode
         self.tap: Callable[[Any], None] | None = None  # told each message sent down (the trace)
+        # When the lane last spoke: `status` is only a cache of its last word (robotd.runtime.view).
+        self.silence = LaneSilence(silent_after_s)
+        self.lane_pid: int | None = None  # from its Ready, for the silence warning
+        self.lane_said_bye = False  # it stopped on purpose: its silence is no news
 
     def on(self, kind: type, handler: Callable[[Any], None]) -> None:
         self._handlers[kind] = handler
@@ -156,9 +164,16 @@ class LaneBridge:
 
     async def run(self) -> None:
         """Receive and dispatch until cancelled; a bad frame is counted and logged, a handler
-        that raises is logged with its traceback, and the loop goes on."""
+        that raises is logged with its traceback, and the loop goes on. Beside it, a watch
+        on the lane's silence (`_watch_silence`)."""
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(self._watch_silence)
+            await self._receive()
+
+    async def _receive(self) -> None:
         while True:
             data = await self.up.recv(copy=False)
+            self._heard()  # any frame, even one that does not decode: the lane is alive
             try:
                 batch = codec.decode_up_batch(data.buffer)
             except codec.LaneError as exc:
@@ -170,6 +185,49 @@ class LaneBridge:
                     self._dispatch(msg)
                 except Exception:
                     log.exception("handling %s from the control lane", type(msg).__name__)
+
+    def _heard(self) -> None:
+        ended = self.silence.heard()
+        if ended is not None:
+            # A warning, like the silence: `journalctl -p warning` shows both ends of it.
+            log.warning("control lane speaks again after %.1f s of silence", ended)
+
+    def _unread(self) -> bool:
+        """Up messages wait unread: the lane spoke and the main process is what lags."""
+        try:
+            return bool(self.up.get(zmq.EVENTS) & zmq.POLLIN)
+        except zmq.ZMQError:  # closed: nothing waits
+            return False
+
+    def lane_age(self) -> dict[str, Any]:
+        """How long ago the lane last spoke and whether that is a silence (the view's)."""
+        return self.silence.reading(self._unread())
+
+    async def _watch_silence(self) -> None:
+        """Warn once when the lane stays silent past its bound. Nothing else would notice:
+        a stopped or hung control process sends nothing, and its last Status would go on
+        being served as if live. Checked four times per bound: warned by 1.25 bounds at most."""
+        every = self.silence.after_s / 4
+        woke = self.silence.clock()
+        while True:
+            await anyio.sleep(every)
+            late, woke = self.silence.clock() - woke - every, self.silence.clock()
+            # Woken this late, the main process itself was stopped or starved: the lane's
+            # messages may not even have reached our socket yet. Judge it next round.
+            if late > every or self.lane_said_bye:
+                continue
+            age = self.silence.declare(self._unread())
+            if age is None:
+                continue
+            last = state_words(status_dict(self.status)) if self.status else "nothing"
+            log.warning(
+                "control lane silent for %.1f s: no Stats, Step or reply from it (pid %s: "
+                "stopped or hung?), last state %s; status and telemetry say LANE SILENT "
+                "until it speaks again",
+                age,
+                self.lane_pid if self.lane_pid is not None else "?",
+                last,
+            )
 
     def _dispatch(self, msg: Any) -> None:
         if isinstance(msg, Reply):
@@ -184,6 +242,10 @@ class LaneBridge:
             self.status = msg
         elif isinstance(msg, Stats):
             self.status = msg.state
+        elif isinstance(msg, Ready):
+            self.lane_pid = msg.pid
+        elif isinstance(msg, Bye):
+            self.lane_said_bye = True
         handler = self._handlers.get(type(msg))
         if handler is not None:
             handler(msg)

@@ -37,7 +37,7 @@ from robotd.runtime.routes import Routes
 from robotd.runtime.rundir import lock_run_dir
 from robotd.runtime.summary import RunSummary
 from robotd.runtime.supervisor import Supervisor
-from robotd.runtime.view import DaemonView
+from robotd.runtime.view import DaemonView, silent_after_s
 from robotd.shm import FrameRing
 
 log = logging.getLogger("robotd")
@@ -58,7 +58,9 @@ class Daemon:
         self.dir = runtime_dir(cfg)
         self._lock = lock_run_dir(self.dir)  # before any socket in it is touched
         self.ctx = zmq.asyncio.Context()
-        self.bridge = LaneBridge(self.ctx, self.dir)
+        c = cfg.control
+        silent_s = silent_after_s(c.hz, c.stats_interval_s)
+        self.bridge = LaneBridge(self.ctx, self.dir, silent_after_s=silent_s)
         self.summary = RunSummary(cfg.control.hz)
         self.stop = anyio.Event()
         self.exit_code = 0
@@ -73,6 +75,7 @@ class Daemon:
             lambda: self.bridge.status,
             self._link,
             lambda: self.routes.robot(self.bridge.status.queue if self.bridge.status else None),
+            self.bridge.lane_age,
         )
         self.recorder: Recorder | None = None
         self.routes = Routes(self.summary, self.events, lambda: self.session, None)
