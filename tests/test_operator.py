@@ -6,6 +6,7 @@ import os
 import stat
 import subprocess
 import sys
+import time
 
 import pytest
 import zmq
@@ -327,3 +328,44 @@ def test_commands_taken_before_an_estop_do_not_undo_it(daemon, client):
     st = client.request("status")["result"]
     assert st["state"] == "FAULT" and st["fault"]["detail"] == "the last word", st
     assert client.request("clear_fault")["result"]["state"] == "IDLE"  # taken after: carried out
+
+
+def test_a_command_unread_while_the_main_process_hung_does_not_undo_a_later_estop(
+    daemon, client
+):
+    """An operator's clear_fault waits unread while the main process is stopped; another
+    operator's e-stop goes straight to the lane meanwhile (robotctl's fallback). Once the
+    main process runs again it takes the clear_fault: stamped with its local sender's own
+    send time, it is older than the e-stop, so it is refused, not carried out."""
+    import signal
+
+    from robotd.operator.client import estop_via_lane
+
+    client.request("estop", {"reason": "first"})
+    sock = zmq.Context.instance().socket(zmq.DEALER)
+    sock.setsockopt(zmq.LINGER, 0)
+    sock.connect(daemon.control_endpoint)
+    os.kill(daemon.proc.pid, signal.SIGSTOP)
+    try:
+        sent = {"id": 51, "cmd": "clear_fault", "sent_ns": time.monotonic_ns()}
+        sock.send(wire.packb(sent))
+        got = estop_via_lane(daemon.control_endpoint, "while main hung", 15.0)
+        assert got["state"] == "FAULT" and got["via"] == "lane.sock"
+    finally:
+        os.kill(daemon.proc.pid, signal.SIGCONT)
+    assert sock.poll(15000), "the clear_fault was never answered"
+    reply = wire.unpackb(sock.recv())
+    sock.close()
+    assert reply["id"] == 51 and reply["ok"] is False, reply
+    assert reply["error"]["code"] == "superseded", reply
+    st = client.request("status")["result"]
+    assert st["state"] == "FAULT" and st["fault"]["detail"] == "while main hung", st
+    assert client.request("clear_fault")["result"]["state"] == "IDLE"
+
+
+def test_a_bad_sent_ns_is_refused_by_name(daemon):
+    for bad in (0, -5, "now", 1.5):
+        reply = raw_request(
+            daemon.control_endpoint, wire.packb({"id": 60, "cmd": "status", "sent_ns": bad})
+        )
+        assert reply["ok"] is False and "sent_ns" in reply["error"]["message"], reply

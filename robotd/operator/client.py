@@ -109,7 +109,10 @@ class ControlClient:
     def request(self, cmd: str, args: dict[str, Any] | None = None) -> dict[str, Any]:
         """The reply `{id, ok, result | error}`; Unreachable when none came in time."""
         self._id += 1
-        self.sock.send(wire.packb({"id": self._id, "cmd": cmd, "args": args or {}}))
+        msg: dict[str, Any] = {"id": self._id, "cmd": cmd, "args": args or {}}
+        if self.endpoint.startswith("ipc://"):  # same machine, same clock: see Request.sent_ns
+            msg["sent_ns"] = time.monotonic_ns()
+        self.sock.send(wire.packb(msg))
         deadline = time.monotonic() + self.timeout_s
         while True:
             left = int((deadline - time.monotonic()) * 1000)

@@ -52,6 +52,18 @@ class Request:
     rid: int | str | None
     cmd: str
     args: dict[str, Any] = field(default_factory=dict)
+    # CLOCK_MONOTONIC ns when the client sent it (a local client's; the server keeps the
+    # earlier of it and its own receipt, so it can only make a command older, never newer)
+    sent_ns: int | None = None
+
+
+def _sent_ns(msg: dict[str, Any], rid: Any) -> int | None:
+    sent = msg.get("sent_ns")
+    if sent is None:
+        return None
+    if type(sent) is not int or sent <= 0:
+        raise RequestError("bad_request", "field 'sent_ns' must be a positive integer", rid)
+    return sent
 
 
 def _decode(data: bytes) -> Any:
@@ -152,7 +164,11 @@ def _estop(msg: dict[str, Any]) -> Request:
     if not isinstance(reason, str):
         kind = type(reason).__name__
         reason = "" if reason is None else f"operator e-stop (its reason was a {kind})"
-    return Request(rid, "estop", {"reason": reason[: MAX_TEXT["reason"]]})
+    try:
+        sent = _sent_ns(msg, rid)
+    except RequestError:
+        sent = None
+    return Request(rid, "estop", {"reason": reason[: MAX_TEXT["reason"]]}, sent)
 
 
 def parse_request(data: bytes) -> Request:
@@ -163,7 +179,7 @@ def parse_request(data: bytes) -> Request:
     if msg.get("cmd") == "estop":
         return _estop(msg)
     rid = _rid(msg)
-    extra = sorted(str(k)[:MAX_KEY_LEN] for k in msg if k not in ("id", "cmd", "args"))
+    extra = sorted(str(k)[:MAX_KEY_LEN] for k in msg if k not in ("id", "cmd", "args", "sent_ns"))
     if extra:
         raise RequestError("bad_request", f"unknown request fields: {', '.join(extra)}", rid)
     cmd = msg.get("cmd")
@@ -180,7 +196,7 @@ def parse_request(data: bytes) -> Request:
         raise RequestError(
             "unknown_command", f"unknown cmd {cmd[:MAX_KEY_LEN]!r} (known: {known})", rid
         )
-    return Request(rid, cmd, _check_args(cmd, args, rid))
+    return Request(rid, cmd, _check_args(cmd, args, rid), _sent_ns(msg, rid))
 
 
 def lane_args(req: Request) -> dict[str, Any]:

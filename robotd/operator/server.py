@@ -11,6 +11,7 @@ servers that answer only the authorised clients (robotd.operator.curve).
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 import os
 import stat
@@ -147,6 +148,7 @@ class OperatorServer:
         self.ctx = ctx
         self.cfg = cfg
         self.control_ep, self.telemetry_ep = endpoints(cfg, run_dir)
+        self._local = self.control_ep.startswith("ipc://")  # clients share our clock
         self.keys = server_keys(cfg)  # checked before start-up too (check_operator)
         self.auth: Any = None
         self.sock = ctx.socket(zmq.ROUTER)
@@ -185,7 +187,7 @@ class OperatorServer:
                     await self._reply(envelope, None, err)
                     continue
                 try:
-                    req = parse_request(payload)
+                    req = self._stamped(parse_request(payload))
                 except RequestError as exc:
                     await self._reply(envelope, exc.rid, exc)
                     continue
@@ -286,10 +288,19 @@ class OperatorServer:
         self._told(req, result)
         await self._reply(envelope, req.rid, result)
 
+    def _stamped(self, req: Request) -> Request:
+        """`req` with the time it was taken: now, or a local client's own earlier send time
+        (the same system-wide clock over ipc; a remote client's clock is another machine's).
+        A request that waited unread while this process was stopped is then still ordered
+        before an e-stop sent meanwhile straight to the lane."""
+        taken = time.monotonic_ns()
+        sent = req.sent_ns if self._local and req.sent_ns else taken
+        return dataclasses.replace(req, sent_ns=min(sent, taken))
+
     async def handle_lane(self, req: Request) -> Any:
         """Forward a validated lane command (only its bounded arguments) and await the reply."""
         log.info("operator: %s %s", req.cmd, summary(req.args))
-        reply = await self.lane.command(req.cmd, **lane_args(req))
+        reply = await self.lane.command(req.cmd, **lane_args(req), sent_ns=req.sent_ns)
         if not reply.ok:
             raise RequestError(reply.code or "refused", reply.message or "refused")
         out = status_dict(reply.status)  # the state the command left, not a later one

@@ -111,13 +111,21 @@ class LaneBridge:
         return True
 
     async def command(
-        self, cmd: str, *, reason: str = "", task: str = "", timeout_s: float = 5.0
+        self,
+        cmd: str,
+        *,
+        reason: str = "",
+        task: str = "",
+        timeout_s: float = 5.0,
+        sent_ns: int | None = None,
     ) -> Reply:
         """An operator command and the lane's reply; TimeoutError, or LaneBusy at once when
-        MAX_PENDING commands already wait. The e-stop goes through `estop` instead."""
-        sent_ns = time.monotonic_ns()  # taken now: the lane orders it against e-stops
+        MAX_PENDING commands already wait. The e-stop goes through `estop` instead.
+        `sent_ns`: when the request was taken (None: now); the lane orders it against
+        e-stops by it."""
+        sent_ns = sent_ns or time.monotonic_ns()
         if cmd == "estop":
-            return await self.estop(reason, timeout_s=timeout_s)
+            return await self.estop(reason, timeout_s=timeout_s, sent_ns=sent_ns)
         if len(self._pending) >= MAX_PENDING:
             raise LaneBusy(f"{MAX_PENDING} commands already wait for the control lane")
         self._next_id += 1
@@ -138,12 +146,14 @@ class LaneBridge:
             self._pending.pop(rid, None)
         return box[0]
 
-    async def estop(self, reason: str, *, timeout_s: float = 5.0) -> Reply:
+    async def estop(
+        self, reason: str, *, timeout_s: float = 5.0, sent_ns: int | None = None
+    ) -> Reply:
         """An e-stop on lane.sock (served first by the lane) and its acknowledgement. It is
         stamped when taken, before any wait for the lock: a command taken before it and
         still on its way (the lane takes lane.sock first) is then refused, not carried out
         after it."""
-        sent_ns = time.monotonic_ns()
+        sent_ns = sent_ns or time.monotonic_ns()
         async with self._estop_lock:
             self._next_id += 1
             rid = self._next_id

@@ -87,7 +87,13 @@ class LaneCommands(Protocol):
     """How operator commands reach the control lane (robotd.runtime.bridge.LaneBridge)."""
 
     async def command(
-        self, cmd: str, *, reason: str = "", task: str = "", timeout_s: float = 5.0
+        self,
+        cmd: str,
+        *,
+        reason: str = "",
+        task: str = "",
+        timeout_s: float = 5.0,
+        sent_ns: int | None = None,
     ) -> Reply: ...
 
 
