@@ -198,3 +198,41 @@ def test_unusable_key_files_are_refused_by_check(tmp_path, keys):
         f'runtime.curve_secret_key="{keys / "server.key"}"',
     )
     assert public.returncode == 2 and "holds no secret key" in public.stderr
+
+
+def test_a_client_refused_at_the_handshake_is_told_not_left_hanging(daemon):
+    """Once the server has refused the handshake of a client without CURVE (seen on the
+    socket's monitor), a request still ends, as Unreachable: neither its send (bounded by
+    SNDTIMEO, in case the connection's queue is gone) nor its wait may hang."""
+    import threading
+
+    from zmq.utils.monitor import recv_monitor_message
+
+    c = ControlClient(f"tcp://127.0.0.1:{daemon.port}", timeout_s=1.5)
+    failed = (
+        zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL
+        | zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL
+        | zmq.EVENT_HANDSHAKE_FAILED_AUTH
+        | zmq.EVENT_DISCONNECTED
+    )
+    mon = c.sock.get_monitor_socket(failed)
+    try:
+        assert mon.poll(15000), "the refused handshake was never seen"
+        recv_monitor_message(mon)
+        outcome: list[BaseException | dict] = []
+
+        def ask() -> None:
+            try:
+                outcome.append(c.request("status"))
+            except BaseException as exc:
+                outcome.append(exc)
+
+        t = threading.Thread(target=ask, daemon=True)
+        t.start()
+        t.join(30)
+        assert not t.is_alive(), "the request hung: it never ended"
+        assert isinstance(outcome[0], Unreachable), outcome
+    finally:
+        c.sock.disable_monitor()
+        mon.close(linger=0)
+        c.close()

@@ -101,6 +101,9 @@ class ControlClient:
         self.sock = zmq.Context.instance().socket(zmq.DEALER)
         self.sock.setsockopt(zmq.LINGER, 0)
         self.sock.setsockopt(zmq.MAXMSGSIZE, MAX_REPLY_BYTES)
+        # A server that refuses our security handshake (CURVE keys, or none) tears the
+        # connection's queue down, and a DEALER with none blocks on send for good: bound it.
+        self.sock.setsockopt(zmq.SNDTIMEO, max(1, int(self.timeout_s * 1000)))
         if curve is not None:
             set_curve_client(self.sock, curve.server_public, curve.public, curve.secret)
         self.sock.connect(endpoint)
@@ -112,7 +115,14 @@ class ControlClient:
         msg: dict[str, Any] = {"id": self._id, "cmd": cmd, "args": args or {}}
         if self.endpoint.startswith("ipc://"):  # same machine, same clock: see Request.sent_ns
             msg["sent_ns"] = time.monotonic_ns()
-        self.sock.send(wire.packb(msg))
+        try:
+            self.sock.send(wire.packb(msg))
+        except zmq.Again:
+            raise Unreachable(
+                f"could not send to {self.endpoint} within {self.timeout_s:g} s: no "
+                "connection (the daemon is not running, or refused this client's security "
+                "handshake: its CURVE keys); nothing was sent"
+            ) from None
         deadline = time.monotonic() + self.timeout_s
         while True:
             left = int((deadline - time.monotonic()) * 1000)
