@@ -251,8 +251,37 @@ def _check(args: argparse.Namespace, cfg: Config) -> int:
         source = "--set runtime.dir" if given else f"{args.config}: runtime.dir"
         print(f"robotd: {source}: {str(exc).removeprefix('runtime.dir ')}", file=sys.stderr)
         return 2
+    problems = _camera_problems(args, cfg)
+    for line in problems:
+        print(f"robotd: {line}", file=sys.stderr)
+    if problems:
+        return 2
     print(json.dumps(cfg.model_dump(mode="json"), indent=2))
     return 0
+
+
+def _camera_problems(args: argparse.Namespace, cfg: Config) -> list[str]:
+    """Each camera whose driver can tell (a `preflight` classmethod: opencv) that its
+    source can never deliver: `SOURCE: cameras.NAME.options.KEY: ...`, SOURCE the file or
+    the --set that gave the camera's options."""
+    from drivers.base import driver_class, validate_options
+
+    config_dir = Path(args.config).resolve().parent
+    given = [o.partition("=")[0].strip() for o in args.overrides]
+    problems = []
+    for name, cam in cfg.cameras.items():
+        cls = driver_class("cameras", cam.driver)
+        preflight = getattr(cls, "preflight", None)
+        if preflight is None:
+            continue
+        problem = preflight(validate_options(cls, cam.options), config_dir)
+        if problem is None:
+            continue
+        field, _, why = problem.partition(":")
+        key = f"cameras.{name}.options.{field}"
+        by_set = any(key == g or key.startswith(g + ".") for g in given)
+        problems.append(f"{'--set ' if by_set else f'{args.config}: '}{key}:{why}")
+    return problems
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -22,7 +22,7 @@ import numpy as np
 import pydantic
 
 from drivers.base import Camera, CameraSpec, DriverContext, DriverFault, DriverOptions, FrameSink
-from drivers.opencv.source import CaptureSource, PatternSource
+from drivers.opencv.source import CaptureSource, PatternSource, probe
 
 
 class OpenCVOptions(DriverOptions):
@@ -78,13 +78,14 @@ class OpenCVCamera(Camera):
         why = self._start(src)
         if why is None:
             return
+        key = f"cameras.{self.spec.name}.options"
         if o.fallback == "none":
-            raise DriverFault(f"camera {self.spec.name!r}: {src.describe()}: {why}")
+            raise DriverFault(f"camera {self.spec.name!r}: {src.describe()}: {why} ({key}.source)")
         self.fallback_used = o.fallback
         if self._start(self._source(), quiet=True) is not None:
             raise DriverFault(
-                f"camera {self.spec.name!r}: {src.describe()}: {why}, and the "
-                f"fallback {o.fallback!r} cannot be opened either"
+                f"camera {self.spec.name!r}: {src.describe()}: {why} ({key}.source), and "
+                f"the fallback {o.fallback!r} cannot be opened either ({key}.fallback)"
             )
         self.context.warn(
             f"no camera at {o.source!r} ({why}): serving "
@@ -134,13 +135,25 @@ class OpenCVCamera(Camera):
         return CaptureSource(self._beside_config(self.options.source), self.options.backend)
 
     def _beside_config(self, source: int | str) -> int | str:
-        """A relative file path names a file beside the robot's config, not one in the
-        daemon's working directory."""
-        config_dir = self.context.config_dir
-        if not isinstance(source, str) or config_dir is None or "://" in source:
-            return source
-        path = Path(source)
-        return source if path.is_absolute() else str(config_dir / path)
+        return beside_config(source, self.context.config_dir)
+
+    @classmethod
+    def preflight(cls, options: DriverOptions, config_dir: Path | None) -> str | None:
+        """What `robotd check` refuses before anything runs: a source that can never
+        deliver (a file that is missing or does not decode, a /dev path naming nothing)
+        without a usable fallback. None when fine, else "KEY: SOURCE: why" (KEY under the
+        camera's options)."""
+        assert isinstance(options, OpenCVOptions)
+        source = beside_config(options.source, config_dir)
+        why = probe(source, options.backend)
+        if why is None or options.fallback == "pattern":
+            return None
+        problem = f"source: {source}: {why}"
+        if options.fallback == "none":
+            return problem
+        fallback = beside_config(options.fallback, config_dir)
+        also = probe(fallback, "any")
+        return None if also is None else f"{problem}; and fallback: {fallback}: {also}"
 
     def _start(self, src: CaptureSource | PatternSource, quiet: bool = False) -> str | None:
         s, fourcc = self.spec, self.options.fourcc if src.kind == "device" else None
@@ -206,6 +219,15 @@ class OpenCVCamera(Camera):
                 f"({(self.context.clock() - self._lost_at) / 1e9:.1f} s)"
             )
         return True
+
+
+def beside_config(source: int | str, config_dir: Path | None) -> int | str:
+    """A relative file path names a file beside the robot's config, not one in the
+    daemon's working directory."""
+    if not isinstance(source, str) or config_dir is None or "://" in source:
+        return source
+    path = Path(source)
+    return source if path.is_absolute() else str(config_dir / path)
 
 
 def _quiet_opencv() -> None:

@@ -3,6 +3,12 @@ video file, a stream URL, or a test pattern; what was asked of it and what it gr
 
 from __future__ import annotations
 
+import contextlib
+import os
+import re
+import sys
+import tempfile
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -44,8 +50,8 @@ class CaptureSource:
         self._backend = BACKENDS[backend]
         self.cap: cv2.VideoCapture | None = None
 
-    def open(self, width: int, height: int, fps: float, fourcc: str | None) -> str | None:
-        """Open; None when it delivers frames, else why not."""
+    def exists(self) -> str | None:
+        """None unless a file or a device path names nothing: then "no such ..."."""
         if self.kind == "file" and not Path(str(self.source)).is_file():
             return "no such file"
         if (
@@ -54,10 +60,19 @@ class CaptureSource:
             and not Path(self.source).exists()
         ):
             return "no such device"
-        cap = cv2.VideoCapture(self.source, self._backend)
+        return None
+
+    def open(self, width: int, height: int, fps: float, fourcc: str | None) -> str | None:
+        """Open; None when it delivers frames, else why not."""
+        why = self.exists()
+        if why is not None:
+            return why
+        said: list[str] = []
+        with captured_stderr(said, self.kind != "device"):
+            cap = cv2.VideoCapture(self.source, self._backend)
         if not cap.isOpened():
             cap.release()
-            return "cannot be opened"
+            return "cannot be opened" + (f" ({said[0]})" if said else "")
         if self.kind == "device":
             if fourcc:
                 cap.set(cv2.CAP_PROP_FOURCC, cv2.VideoWriter_fourcc(*fourcc))
@@ -98,6 +113,51 @@ class CaptureSource:
 
     def describe(self) -> str:
         return f"{self.kind} {self.source}"
+
+
+# FFmpeg's own prefix on what it prints: "[mov,mp4,m4a,3gp,3g2,mj2 @ 0x55d0c8e0] "
+_AV_PREFIX = re.compile(r"^\[[^\]]* @ 0x[0-9a-f]+\]\s*")
+
+
+@contextlib.contextmanager
+def captured_stderr(said: list[str], enabled: bool = True) -> Iterator[None]:
+    """What the C libraries (FFmpeg) print on file descriptor 2 meanwhile, taken into
+    `said` (its distinct lines, FFmpeg's prefix cut) instead of the process's stderr: a
+    source that fails the same way at each try would print the same line each time; the
+    camera says why once, itself."""
+    if not enabled:
+        yield
+        return
+    sys.stderr.flush()
+    with tempfile.TemporaryFile() as tmp:
+        saved = os.dup(2)
+        os.dup2(tmp.fileno(), 2)
+        try:
+            yield
+        finally:
+            os.dup2(saved, 2)
+            os.close(saved)
+            tmp.seek(0)
+            text = tmp.read(8192).decode(errors="replace")
+    for line in text.splitlines():
+        line = _AV_PREFIX.sub("", line).strip()
+        if line and line not in said:
+            said.append(line)
+
+
+def probe(source: int | str, backend: str) -> str | None:
+    """What `robotd check` asks of a source: a file opens and delivers a first frame, a
+    device path exists (a device is not opened: the running daemon may hold it; an index
+    or a URL is not looked at). None when so, else why not ("no such file", "cannot be
+    opened (moov atom not found)", ...)."""
+    src = CaptureSource(source, backend)
+    if src.kind != "file":
+        return src.exists()
+    try:
+        why = src.open(0, 0, 0.0, None)
+        return "delivers no frame" if why is None and not src.grab() else why
+    finally:
+        src.release()
 
 
 class PatternSource:

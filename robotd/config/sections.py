@@ -17,7 +17,7 @@ from pydantic import (
 )
 
 from robotd.link.openpi.options import OpenpiOptions
-from robotd.stream.endpoint import EndpointError, is_stream
+from robotd.stream.endpoint import EndpointError, is_stream, port_problem
 from robotd.stream.endpoint import parse as parse_stream
 
 PositiveFloat = Annotated[float, Field(gt=0)]
@@ -242,6 +242,8 @@ class PolicyConfig(_Model):
                 f"worker: {ep!r}: a robotd worker listens on stream+tcp://HOST:PORT, "
                 f"stream+ipc://PATH, tcp://HOST:PORT or ipc://PATH{hint}"
             )
+        elif port_problem(ep):
+            raise ValueError(f"worker: {port_problem(ep)}")
         return self
 
 

@@ -79,6 +79,12 @@ class PolicyClient:
         self.bytes_sent = 0  # request bytes sent, for the benchmarks
         self.protocol = 1  # what the worker's hello said: 2 sends large arrays as frames
 
+    @property
+    def connect_error(self) -> str:
+        """Why the connection is not up, when the transport knows ("connection refused"
+        over a byte stream; ZeroMQ does not say): "" otherwise."""
+        return getattr(self._dealer, "last_error", "")
+
     async def connect(self, *, observe: bool = False) -> Handshake:
         """Connect and say hello; returns the worker's contract and endpoints. `observe`:
         this client uploads observations, so ask for the observe endpoint (a worker tells

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import asyncio
+import itertools
 import logging
+import os
 import time
 from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass
@@ -20,6 +23,8 @@ from robotd.link.steps import LinkCounters, RingFrames, StepReader, StepRing
 from robotd.link.uplink import Uplink
 from robotd.link.windows import WindowPlanner
 from robotd.shm import FrameRing
+from robotd.stream.endpoint import EndpointError, is_stream, port_problem
+from robotd.stream.endpoint import parse as parse_stream
 
 log = logging.getLogger("robotd.link")
 
@@ -43,40 +48,99 @@ async def hello_once(
     cfg: Config, endpoint: str, timeout_s: float
 ) -> tuple[PolicyClient, Handshake]:
     """One hello to the worker at `endpoint`; the client (its timeout the config's) and what
-    the worker said. TimeoutError when it does not answer, PolicyError when it refuses or
-    breaks the protocol (code "bad_reply"); the client is closed then."""
+    the worker said. TimeoutError when it does not answer (its message says why, as far as
+    the transport knows), PolicyError when it refuses or breaks the protocol (code
+    "bad_reply"); the client is closed then."""
     client = PolicyClient(endpoint, timeout_s=timeout_s)
     try:
         handshake = await client.connect(observe=True)
-    except BaseException:
+    except BaseException as exc:
         with anyio.CancelScope(shield=True):
             await client.close()
+        if isinstance(exc, TimeoutError):
+            why = client.connect_error or str(exc) or f"no connection within {timeout_s:g} s"
+            raise TimeoutError(why) from None
         raise
     client.timeout_s = cfg.policy.timeout_s
     return client, handshake
 
 
 async def hello(
-    cfg: Config, endpoint: str, worker_failed: Callable[[], str]
+    cfg: Config,
+    endpoint: str,
+    worker_failed: Callable[[], str],
+    *,
+    wait_s: float = HELLO_DEADLINE_S,
+    source: str = "policy.worker",
 ) -> tuple[PolicyClient, Handshake]:
-    """Say hello until the worker answers; StartupError when it died or never answers."""
-    deadline = time.monotonic() + HELLO_DEADLINE_S
-    while True:
+    """Say hello until the worker answers, `wait_s` at most; StartupError when it died,
+    answers wrongly or never answers, naming `source` (where the endpoint came from:
+    `policy.worker`, `--worker`, the local worker) and why."""
+    deadline = time.monotonic() + wait_s
+    where = f"policy worker at {endpoint} ({source})"
+    for tries in itertools.count(1):
+        left = deadline - time.monotonic()
         try:
             # Short hellos while the worker comes up, so a dead one is noticed quickly.
-            return await hello_once(cfg, endpoint, 1.0)
+            return await hello_once(cfg, endpoint, max(0.05, min(1.0, left)))
         except (TimeoutError, PolicyError) as exc:
             if isinstance(exc, PolicyError) and exc.code == "bad_reply":
                 # A worker that answers, wrongly, will not answer better on a retry.
-                raise StartupError(f"policy worker at {endpoint}: {exc}") from None
+                raise StartupError(f"{where}: {exc}") from None
             failed = worker_failed()
             if failed:
                 raise StartupError(f"{failed} (policy {cfg.policy.serve})") from None
-            if time.monotonic() > deadline:
+            if time.monotonic() >= deadline:
+                why = await unreachable(endpoint) or str(exc) or type(exc).__name__
                 raise StartupError(
-                    f"policy worker at {endpoint} did not answer hello: {exc}"
+                    f"{where} did not answer hello within {wait_s:g} s: {why}"
                 ) from None
-            await anyio.sleep(0.2)
+            if tries == 1:
+                log.info("%s: no answer yet (%s): waiting up to %g s", where, exc, wait_s)
+            await anyio.sleep(max(0.0, min(0.2, deadline - time.monotonic())))
+    raise AssertionError("unreachable")
+
+
+async def unreachable(endpoint: str) -> str:
+    """Why nothing can be reached at a ZeroMQ endpoint (which does not say itself):
+    "connection refused" for a tcp port with no listener, "no socket file" for an ipc
+    path; "" when something is there (or for other endpoints)."""
+    if endpoint.startswith("ipc://"):
+        path = endpoint.removeprefix("ipc://")
+        return "" if os.path.exists(path) else f"no socket file {path}"
+    if not endpoint.startswith("tcp://"):
+        return ""
+    host, _, port = endpoint.removeprefix("tcp://").rpartition(":")
+    try:
+        with anyio.fail_after(1.0):  # asyncio's: anyio's connect_tcp hides the errno
+            _, writer = await asyncio.open_connection(host.strip("[]"), int(port))
+    except TimeoutError:
+        return f"no tcp connection to {host}:{port} within 1 s"
+    except (OSError, ValueError) as exc:
+        code = getattr(exc, "errno", None)
+        text = os.strerror(code) if isinstance(code, int) and code > 0 else str(exc)
+        return (text or type(exc).__name__).lower()
+    writer.close()
+    return ""
+
+
+def worker_endpoint_problem(link: str, endpoint: str) -> str | None:
+    """Why `endpoint` cannot name a worker of `link` (the rules policy.worker is held to at
+    load, for an endpoint given otherwise: --worker), else None."""
+    if link == "openpi":
+        if not endpoint.startswith(("ws://", "wss://")):
+            return f"{endpoint!r}: the openpi link needs a ws:// or wss:// endpoint"
+    elif is_stream(endpoint):
+        try:
+            parse_stream(endpoint)
+        except EndpointError as exc:
+            return str(exc)
+    elif not endpoint.startswith(("tcp://", "ipc://")):
+        return (
+            f"{endpoint!r}: a robotd worker listens on stream+tcp://HOST:PORT, "
+            "stream+ipc://PATH, tcp://HOST:PORT or ipc://PATH"
+        )
+    return port_problem(endpoint)
 
 
 def choose_contract(
@@ -122,9 +186,12 @@ async def connect_policy(
     counters: LinkCounters | None = None,
     on_lost: Callable[[str, str], None] | None = None,
     task: Callable[[], str] = lambda: "",
+    wait_s: float = HELLO_DEADLINE_S,
+    source: str = "policy.worker",
 ) -> PolicyLink:
-    """Hello (retried while the worker comes up), then the link (build_link)."""
-    client, hs = await hello(cfg, endpoint, worker_failed)
+    """Hello (retried while the worker comes up, `wait_s` at most), then the link
+    (build_link)."""
+    client, hs = await hello(cfg, endpoint, worker_failed, wait_s=wait_s, source=source)
     try:
         return build_link(
             cfg, endpoint, client, hs, steps, rings, send_down, counters, on_lost, task

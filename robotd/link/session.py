@@ -26,7 +26,14 @@ from robotd.config import Config
 from robotd.contract import Actions, ContractError
 from robotd.lane.messages import ActFailed, Ask, Contract, EpisodeLost, Merged, Step
 from robotd.link.client import Handshake, PolicyError
-from robotd.link.connect import PolicyLink, StartupError, build_link, connect_policy, hello_once
+from robotd.link.connect import (
+    HELLO_DEADLINE_S,
+    PolicyLink,
+    StartupError,
+    build_link,
+    connect_policy,
+    hello_once,
+)
 from robotd.link.frame_tap import FrameTap
 from robotd.link.health import LinkHealth
 from robotd.link.replies import ping_episode
@@ -93,15 +100,22 @@ class PolicySession:
 
     # ---- bringing it up ----------------------------------------------------------------------
 
-    async def connect(self, tg: anyio.abc.TaskGroup) -> Contract:
-        """The first connection (StartupError or ContractError when the worker cannot be
-        used: final); then the link is watched and rebuilt in `tg`. Returns the Contract
-        message for the control lane."""
+    async def connect(
+        self,
+        tg: anyio.abc.TaskGroup,
+        *,
+        wait_s: float = HELLO_DEADLINE_S,
+        source: str = "policy.worker",
+    ) -> Contract:
+        """The first connection, waited for `wait_s` at most (StartupError naming `source`,
+        where the endpoint came from, or ContractError when the worker cannot be used:
+        final); then the link is watched and rebuilt in `tg`. Returns the Contract message
+        for the control lane."""
         self._tg = tg
         if self.cfg.policy.link == "openpi":
             from robotd.link.openpi.session import connect_openpi
 
-            self.openpi = await connect_openpi(self)
+            self.openpi = await connect_openpi(self, deadline_s=wait_s, source=source)
             self.openpi.acts.tap = self.trace
             actions = self.openpi.acts.actions
         else:
@@ -115,6 +129,8 @@ class PolicySession:
                 counters=self.counters,
                 on_lost=self.episode_lost,
                 task=self.task,
+                wait_s=wait_s,
+                source=source,
             )
             self._install(link)
             actions = link.actions

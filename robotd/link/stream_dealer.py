@@ -19,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 import socket
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -60,6 +61,7 @@ class StreamDealer:
         self._writing = False  # the loop watches the socket for writability
         self._writable: anyio.Event | None = None  # set when a waiting send may go
         self.connections = 0  # connections made (the first, then each reconnect)
+        self.last_error = ""  # why the last dial failed ("" once one is up)
 
     @property
     def is_open(self) -> bool:
@@ -112,8 +114,9 @@ class StreamDealer:
         except (BlockingIOError, InterruptedError):
             self._dialling = sock
             loop.add_writer(sock.fileno(), self._dialled)
-        except OSError:
+        except OSError as err:
             sock.close()
+            self.last_error = (err.strerror or str(err)).lower()
             self._retry = loop.call_later(RECONNECT_S, self._dial)
         else:
             self._up(sock)
@@ -123,8 +126,10 @@ class StreamDealer:
         if sock is None or self._loop is None:
             return
         self._loop.remove_writer(sock.fileno())
-        if sock.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR):
+        code = sock.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR)
+        if code:
             sock.close()
+            self.last_error = os.strerror(code).lower()
             self._retry = self._loop.call_later(RECONNECT_S, self._dial)
         else:
             self._up(sock)
@@ -133,6 +138,7 @@ class StreamDealer:
         assert self._loop is not None
         self._sock = sock
         self.connections += 1
+        self.last_error = ""
         self._reader = FrameReader(self.max_message_bytes)
         self._loop.add_reader(sock.fileno(), self._readable)
         self._wake()

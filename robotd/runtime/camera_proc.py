@@ -11,7 +11,11 @@ SIGTERM/SIGINT and exits 0. Optional key "parent_pid": exit at once if that pare
 already gone.
 
 Exit codes: 0 stopped by a signal; 2 usage (bad json, unknown driver, bad options,
-missing or mismatched ring); 3 driver fault (open failed, or a run of bad frames).
+missing or mismatched ring); 3 driver fault (a run of bad frames, or the driver gave up
+reconnecting). A camera that cannot be opened (a file that is missing or does not decode,
+no device) is tried again in this process with backoff (OPEN_RETRY_MIN_S doubling to
+OPEN_RETRY_MAX_S) until it opens or a signal: its cause is said once, then again only when
+it changes or every RESAY_S with the count of tries (not one line per try for good).
 Every failure is one line on stderr naming the camera.
 """
 
@@ -20,6 +24,7 @@ from __future__ import annotations
 import contextlib
 import sys
 import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -46,6 +51,9 @@ from robotd.shm import FrameRing, ShmError
 
 EXIT_OK, EXIT_USAGE, EXIT_DRIVER = 0, 2, 3
 MAX_ERRORS_IN_A_ROW = 10  # frame errors the loop tolerates before giving up (exit 3)
+OPEN_RETRY_MIN_S = 1.0  # a camera that cannot be opened: the first wait before trying again
+OPEN_RETRY_MAX_S = 5.0  # ... doubled up to this
+RESAY_S = 60.0  # the same open failure is said again at most this often (with a count)
 _PROG = "robotd.runtime.camera_proc"
 
 
@@ -120,6 +128,38 @@ def capture_loop(camera: Camera, ring: FrameRing, stop: threading.Event, label: 
     return EXIT_OK
 
 
+def open_until_ready(camera: Camera, stop: threading.Event, label: str) -> bool:
+    """Open the camera, trying again with backoff while it raises DriverFault; True once
+    open, False when stopped first. The cause is said at the first failure, when it
+    changes, and every RESAY_S (with the count), not at every try."""
+    tries, last, said_at, delay = 0, "", 0.0, OPEN_RETRY_MIN_S
+    while not stop.is_set():
+        try:
+            camera.open()
+        except DriverFault as exc:
+            tries += 1
+            why = " ".join(str(exc).split()).removeprefix(f"{label}: ")
+            now = time.monotonic()
+            if why != last:
+                _say(
+                    label,
+                    f"cannot open: {why}; trying again every {OPEN_RETRY_MAX_S:g} s "
+                    f"at most (said again when the cause changes, else every {RESAY_S:g} s)",
+                )
+                last, said_at = why, now
+            elif now - said_at >= RESAY_S:
+                _say(label, f"still cannot open after {tries} tries: {why}")
+                said_at = now
+            if not sleep_until(time.monotonic_ns() + int(delay * 1e9), stop):
+                return False
+            delay = min(2 * delay, OPEN_RETRY_MAX_S)
+            continue
+        if tries:
+            _say(label, f"opened after {tries} failed tries")
+        return True
+    return False
+
+
 def main(argv: list[str] | None = None) -> int:
     """Run one camera process; returns the exit code."""
     argv = sys.argv[1:] if argv is None else argv
@@ -145,7 +185,8 @@ def main(argv: list[str] | None = None) -> int:
             return EXIT_USAGE
         stack.callback(camera.close)
         try:
-            camera.open()
+            if not open_until_ready(camera, stop, label):
+                return EXIT_OK
             return capture_loop(camera, ring, stop, label)
         except DriverFault as exc:
             _say(label, f"driver fault: {one_line(exc)}")

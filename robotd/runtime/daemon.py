@@ -14,6 +14,7 @@ import secrets
 import time
 from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
 import anyio
 import anyio.abc
@@ -22,7 +23,7 @@ import zmq.asyncio
 from robotd.config import Config, runtime_dir
 from robotd.contract import ContractError
 from robotd.lane.messages import Shutdown
-from robotd.link.connect import StartupError
+from robotd.link.connect import HELLO_DEADLINE_S, StartupError, worker_endpoint_problem
 from robotd.link.session import PolicySession
 from robotd.operator.server import OperatorServer
 from robotd.operator.status import StatusLine
@@ -155,7 +156,7 @@ class Daemon:
         )
         self.session.trace = self.recorder  # uploads, refusals, reconnects (None: no trace)
         try:
-            contract = await self.session.connect(tg)
+            contract = await self.session.connect(tg, **self._worker_wait())
         except (StartupError, ContractError) as exc:
             log.error("%s", exc)
             self.exit_code = 2
@@ -176,6 +177,17 @@ class Daemon:
         tg.start_soon(sdnotify.watchdog_loop, lambda: self.view.state().get("state", "?"))
         with anyio.move_on_after(self.opts.duration):  # --duration counts from READY
             await self.stop.wait()
+
+    def _worker_wait(self) -> dict[str, Any]:
+        """How long start-up waits for the worker's hello, and where its endpoint came
+        from. A remote worker is waited for HELLO_DEADLINE_S, or --duration if shorter (a
+        run asked to last 3 s does not wait 30 for a worker not there); a local one comes
+        up or dies (worker_failed): HELLO_DEADLINE_S."""
+        if self.opts.worker or self.cfg.policy.worker:
+            source = "--worker" if self.opts.worker else "policy.worker"
+            wait = min(HELLO_DEADLINE_S, self.opts.duration or HELLO_DEADLINE_S)
+            return {"wait_s": wait, "source": source}
+        return {"wait_s": HELLO_DEADLINE_S, "source": f"the local worker, {self.cfg.policy.serve}"}
 
     async def _signals(self) -> None:
         await stop_on_signal(self._stop_now)
@@ -235,6 +247,10 @@ async def first_frames(rings: Mapping[str, FrameRing], timeout_s: float) -> None
 
 def run(cfg: Config, opts: Options) -> int:
     """Run the daemon until a signal, --duration or a fatal error; returns the exit code."""
+    problem = worker_endpoint_problem(cfg.policy.link, opts.worker) if opts.worker else None
+    if problem is not None:  # checked as policy.worker is at load
+        log.error("--worker: %s", problem)
+        return 2
     try:
         daemon = Daemon(cfg, opts)
     except StartupError as exc:

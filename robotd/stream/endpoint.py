@@ -58,6 +58,24 @@ def parse(endpoint: str, *, bind: bool = False) -> StreamAddress:
     return StreamAddress(socket.AF_INET, (host, number))
 
 
+def port_problem(endpoint: str) -> str | None:
+    """Why the tcp port an endpoint names cannot be connected to (`tcp://`, `stream+tcp://`:
+    HOST:PORT; `ws://`, `wss://`: the port may be left to the scheme), else None (also
+    for endpoints that name no port: ipc)."""
+    scheme, sep, rest = endpoint.partition("://")
+    if not sep or scheme not in ("tcp", "stream+tcp", "ws", "wss"):
+        return None
+    netloc = rest.split("/", 1)[0].rpartition("@")[2]
+    host, colon, port = netloc.rpartition(":")
+    if not colon or "]" in port:  # no port (or an [ipv6] address without one)
+        return None if scheme in ("ws", "wss") else f"{endpoint!r}: want {scheme}://HOST:PORT"
+    if not port.isdigit():
+        return f"{endpoint!r}: port {port!r} is not a number"
+    if not 1 <= int(port) <= 65535:
+        return f"{endpoint!r}: port {int(port)} is out of range"
+    return None if host else f"{endpoint!r}: no host"
+
+
 def ipc_file(endpoint: str) -> Path | None:
     """The socket file a stream ipc endpoint makes (None for tcp)."""
     if endpoint.startswith(IPC):

@@ -14,6 +14,8 @@ from urllib.parse import urlsplit
 
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator, model_validator
 
+from robotd.stream.endpoint import port_problem
+
 JOINT_SOURCES = ("joints.pos", "joints.vel")
 TASK = "task"
 MAX_JOINTS = 1024
@@ -225,6 +227,8 @@ class OpenpiOptions(_Model):
                 f"policy.worker: the openpi link needs a ws:// or wss:// endpoint "
                 f"(e.g. ws://gpu-box:8000), got {worker!r}"
             )
+        if port_problem(worker):
+            raise ValueError(f"policy.worker: {port_problem(worker)}")
         if not self.inputs:
             raise ValueError("policy.openpi.inputs: map at least one observation key")
         known = [*cameras, *JOINT_SOURCES, TASK]

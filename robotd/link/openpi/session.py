@@ -45,19 +45,22 @@ class OpenpiPeer:
     acts: OpenpiActs
 
 
-async def connect_openpi(session: Session) -> OpenpiPeer:
+async def connect_openpi(
+    session: Session, *, deadline_s: float = CONNECT_DEADLINE_S, source: str = "policy.worker"
+) -> OpenpiPeer:
     """The first connection to the openpi server; StartupError when there is none within
-    CONNECT_DEADLINE_S (or the endpoint or key is unusable)."""
+    `deadline_s` (or the endpoint or key is unusable), naming `source` (where the
+    endpoint came from)."""
     cfg = session.cfg
     try:
         link = OpenpiLink(session.endpoint, cfg.policy.openpi)
     except ValueError as exc:
-        raise StartupError(f"policy.worker {session.endpoint!r}: {exc}") from None
+        raise StartupError(f"{source} {session.endpoint!r}: {exc}") from None
     try:
-        metadata = await link.connect(deadline_s=CONNECT_DEADLINE_S)
+        metadata = await link.connect(deadline_s=deadline_s)
     except ConnectionLost as exc:
         await link.close()
-        raise StartupError(f"openpi server: {exc.message}") from None
+        raise StartupError(f"openpi server ({source}): {exc.message}") from None
     reader = StepReader(session.steps, RingFrames(session.rings))
     acts = OpenpiActs(
         cfg,
