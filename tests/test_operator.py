@@ -328,6 +328,8 @@ def test_commands_taken_before_an_estop_do_not_undo_it(daemon, client):
     st = client.request("status")["result"]
     assert st["state"] == "FAULT" and st["fault"]["detail"] == "the last word", st
     assert client.request("clear_fault")["result"]["state"] == "IDLE"  # taken after: carried out
+    # the log says what did not happen, and why
+    daemon.wait_line(r"WARNING .*operator: clear_fault failed: superseded: clear_fault was sent")
 
 
 def test_a_command_unread_while_the_main_process_hung_does_not_undo_a_later_estop(

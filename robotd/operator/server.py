@@ -43,6 +43,7 @@ from robotd.operator.requests import (
     parse_request,
     summary,
 )
+from robotd.operator.words import printable
 from robotd.runtime.bridge import LaneBusy
 from robotd.runtime.view import DaemonView, LaneCommands, PolicyParams, status_dict
 
@@ -267,10 +268,12 @@ class OperatorServer:
         return result
 
     def _told(self, req: Request, result: Any) -> None:
-        if self.on_command is None:
-            return
         failed = isinstance(result, RequestError)
         error = f"{result.code}: {result}" if failed else None
+        if failed and req.cmd in LANE_COMMANDS:  # the log says what did not happen, too
+            log.warning("operator: %s failed: %s", req.cmd, printable(error)[:300])
+        if self.on_command is None:
+            return
         try:
             self.on_command(req.cmd, req.args, error, None if failed else result)
         except Exception:  # the trace must never cost an operator their answer
