@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import itertools
 import logging
 import os
 import time
@@ -78,7 +77,8 @@ async def hello(
     `policy.worker`, `--worker`, the local worker) and why."""
     deadline = time.monotonic() + wait_s
     where = f"policy worker at {endpoint} ({source})"
-    for tries in itertools.count(1):
+    first = True
+    while True:
         left = deadline - time.monotonic()
         try:
             # Short hellos while the worker comes up, so a dead one is noticed quickly.
@@ -95,10 +95,10 @@ async def hello(
                 raise StartupError(
                     f"{where} did not answer hello within {wait_s:g} s: {why}"
                 ) from None
-            if tries == 1:
+            if first:
+                first = False
                 log.info("%s: no answer yet (%s): waiting up to %g s", where, exc, wait_s)
             await anyio.sleep(max(0.0, min(0.2, deadline - time.monotonic())))
-    raise AssertionError("unreachable")
 
 
 async def unreachable(endpoint: str) -> str:

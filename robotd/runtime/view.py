@@ -60,7 +60,9 @@ class LaneSilence:
         return None if self.last is None else max(0.0, self.clock() - self.last)
 
     def silent(self, pending: bool = False) -> bool:
-        age = self.age()
+        return self._over(self.age(), pending)
+
+    def _over(self, age: float | None, pending: bool) -> bool:
         return age is not None and age > self.after_s and not pending
 
     def declare(self, pending: bool = False) -> float | None:
@@ -75,10 +77,9 @@ class LaneSilence:
         age = self.age()
         if age is None:
             return {}
-        silent = age > self.after_s and not pending
         return {
             "lane_age_s": round(age, 3),
-            "lane_silent": silent,
+            "lane_silent": self._over(age, pending),  # judged on the age served
             "lane_silent_after_s": self.after_s,
         }
 
