@@ -56,10 +56,30 @@ class DriverConfigError(ValueError):
 
 
 class DriverOptions(pydantic.BaseModel):
-    """Base of every driver's `Options`: unknown keys are errors, values immutable."""
+    """Base of every driver's `Options`: unknown keys are errors, values immutable, and
+    nothing converted from another kind (strict, as the config's own sections: a TOML bool
+    is no number, a string no bool, a float no integer; an integer is a float's value).
+
+    Strict mode covers a union too (`int | str` takes neither a bool nor a float), but says
+    so once per member: a union field of a built-in driver refuses other kinds itself, in
+    one rule (`exact_kind`). A plugin whose options hold a type strict mode refuses from
+    every TOML value (a tuple from an array, a Path or an Enum from a string) sets
+    ``model_config = pydantic.ConfigDict(strict=False)`` on its model; the config loader
+    still refuses a scalar of the wrong kind there (robotd.config.strict)."""
 
     # NaN or infinity is never a setting (a bound compared with NaN is always false)
-    model_config = pydantic.ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
+    model_config = pydantic.ConfigDict(
+        extra="forbid", frozen=True, allow_inf_nan=False, strict=True
+    )
+
+
+def exact_kind(value: Any, kinds: tuple[type, ...], said: str) -> Any:
+    """`value` when it is of one of `kinds` itself, else ValueError "must be SAID, got V"
+    (a field validator in mode="before": a bool is an int to Python, and a Literal of
+    integers takes 3.0 for 3 even in strict mode)."""
+    if (isinstance(value, bool) and bool not in kinds) or not isinstance(value, kinds):
+        raise ValueError(f"must be {said}, got {value!r:.60}")
+    return value
 
 
 def _sleep_until(deadline_ns: int) -> bool:

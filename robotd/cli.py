@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import signal
 import sys
@@ -13,6 +14,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from robotd.config import DEFAULT_CONFIG, Config, _parse_value, load_config
+from robotd.config.sections import HANG_MIN_S, hang_floor_problem
 from robotd.errors import ConfigError
 
 
@@ -125,10 +127,10 @@ def _copies_arguments(serve: argparse.ArgumentParser) -> None:
     )
     serve.add_argument(
         "--hang-s",
-        type=float,
+        type=_hang_seconds,
         default=5.0,
         help="a call into a copy unanswered this long is a hang: the copy is killed and "
-        "its episode lost (keep it below the robot's patience)",
+        f"its episode lost (at least {HANG_MIN_S:g} s; keep it below the robot's patience)",
     )
     serve.add_argument(
         "--start-s", type=float, default=120.0, help="a copy not ready this long is given up"
@@ -139,6 +141,21 @@ def _copies_arguments(serve: argparse.ArgumentParser) -> None:
         default=0,
         help="address-space limit of each copy process (RLIMIT_AS; 0: none)",
     )
+
+
+def _hang_seconds(text: str) -> float:
+    """--hang-s: seconds, finite and at least the floor the config's policy.hang_s has (the
+    same rule, the same words), refused as argparse refuses a bad value."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a number of seconds, got {text!r}") from None
+    if not math.isfinite(value):
+        raise argparse.ArgumentTypeError(f"must be a finite number of seconds, got {text!r}")
+    problem = hang_floor_problem(value)
+    if problem is not None:
+        raise argparse.ArgumentTypeError(problem)
+    return value
 
 
 def _policy_kwargs(args: argparse.Namespace) -> dict:
@@ -238,52 +255,6 @@ def _emulate(args: argparse.Namespace, cfg: Config) -> tuple[Config, Callable[[]
         return None
 
 
-def _check(args: argparse.Namespace, cfg: Config) -> int:
-    """`robotd check`: what start-up would refuse besides the config's own rules (a run
-    directory that cannot be made or is not the daemon's own), then the resolved config."""
-    from robotd.config import runtime_dir
-    from robotd.runtime.rundir import RunDirError, check_run_dir
-
-    try:
-        check_run_dir(runtime_dir(cfg))
-    except RunDirError as exc:
-        given = any(o.partition("=")[0].strip() == "runtime.dir" for o in args.overrides)
-        source = "--set runtime.dir" if given else f"{args.config}: runtime.dir"
-        print(f"robotd: {source}: {str(exc).removeprefix('runtime.dir ')}", file=sys.stderr)
-        return 2
-    problems = _camera_problems(args, cfg)
-    for line in problems:
-        print(f"robotd: {line}", file=sys.stderr)
-    if problems:
-        return 2
-    print(json.dumps(cfg.model_dump(mode="json"), indent=2))
-    return 0
-
-
-def _camera_problems(args: argparse.Namespace, cfg: Config) -> list[str]:
-    """Each camera whose driver can tell (a `preflight` classmethod: opencv) that its
-    source can never deliver: `SOURCE: cameras.NAME.options.KEY: ...`, SOURCE the file or
-    the --set that gave the camera's options."""
-    from drivers.base import driver_class, validate_options
-
-    config_dir = Path(args.config).resolve().parent
-    given = [o.partition("=")[0].strip() for o in args.overrides]
-    problems = []
-    for name, cam in cfg.cameras.items():
-        cls = driver_class("cameras", cam.driver)
-        preflight = getattr(cls, "preflight", None)
-        if preflight is None:
-            continue
-        problem = preflight(validate_options(cls, cam.options), config_dir)
-        if problem is None:
-            continue
-        field, _, why = problem.partition(":")
-        key = f"cameras.{name}.options.{field}"
-        by_set = any(key == g or key.startswith(g + ".") for g in given)
-        problems.append(f"{'--set ' if by_set else f'{args.config}: '}{key}:{why}")
-    return problems
-
-
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] in (["trace"], ["export"], ["replay"]):  # their own parsers (--help included)
@@ -306,7 +277,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"robotd: {exc}", file=sys.stderr)
         return 2
     if args.command == "check":
-        return _check(args, cfg)
+        from robotd.check import check
+
+        return check(args, cfg)
     if cfg.control.clock == "virtual":
         print(
             "robotd: control.clock: 'virtual' runs in one process without wall time "

@@ -13,6 +13,7 @@ from typing import ClassVar, Literal
 
 import pydantic
 
+from drivers.base import exact_kind
 from drivers.dynamixel import table as t
 from drivers.dynamixel.codec import DynamixelCodec
 from drivers.servo.bus import Reply, ServoBus
@@ -29,6 +30,12 @@ class DynamixelOptions(ServoOptions):
     gripper_operating_mode: Literal[3, 4, 5] | None = None  # None: operating_mode
     watchdog_ms: int = pydantic.Field(100, ge=0, le=2540)  # 0: off; 20 ms steps
     fast_sync_read: Literal["auto", "on", "off"] = "auto"
+
+    @pydantic.field_validator("operating_mode", "gripper_operating_mode", mode="before")
+    @classmethod
+    def _mode(cls, value: object) -> object:
+        # a Literal of integers takes 3.0 for 3, even strictly: a float is no mode number
+        return exact_kind(value, (int, type(None)), "an integer (3, 4 or 5)")
 
 
 class DynamixelJoints(ServoJoints):

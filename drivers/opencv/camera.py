@@ -21,7 +21,15 @@ import cv2
 import numpy as np
 import pydantic
 
-from drivers.base import Camera, CameraSpec, DriverContext, DriverFault, DriverOptions, FrameSink
+from drivers.base import (
+    Camera,
+    CameraSpec,
+    DriverContext,
+    DriverFault,
+    DriverOptions,
+    FrameSink,
+    exact_kind,
+)
 from drivers.opencv.source import CaptureSource, PatternSource, probe
 
 
@@ -36,9 +44,12 @@ class OpenCVOptions(DriverOptions):
     backoff_min_s: float = pydantic.Field(0.1, gt=0)
     backoff_max_s: float = pydantic.Field(2.0, gt=0)
 
-    @pydantic.field_validator("source")
+    @pydantic.field_validator("source", mode="before")
     @classmethod
-    def _source(cls, value: int | str) -> int | str:
+    def _source(cls, value: object) -> int | str:
+        # one rule for the union: `source = true` is no device 1, nor 1.0 device 1
+        said = "a device index (an integer) or a path or URL (a string)"
+        value = exact_kind(value, (int, str), said)
         if isinstance(value, int) and value < 0:
             raise ValueError(f"a device index is >= 0, got {value}")
         if isinstance(value, str) and not value.strip():

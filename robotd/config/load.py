@@ -1,8 +1,10 @@
 """Reading a robot's config: the file (TOML), `--set` overrides, driver options checked by
 each driver's own model, and where a run's directory is.
 
-Every error names the file, the key path and the rule, e.g.
-``config/x.toml: control.hz: must be > 0, got -5``. Unknown keys are errors.
+Every error names the file (or the --set that gave the value), the key path and the
+rule, e.g. ``config/x.toml: control.hz: must be > 0, got -5``, and every one found is
+reported at once. Unknown keys are errors, and values are not converted from another kind
+(strict: a TOML bool is no number, a string no bool).
 """
 
 from __future__ import annotations
@@ -13,15 +15,24 @@ import math
 import os
 import stat
 import tomllib
-from collections.abc import Iterable, Sequence
+from collections.abc import Collection, Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
 from pydantic import BaseModel, ValidationError
 
 from robotd.config.model import Config
-from robotd.config.overrides import Origins, apply_override, blame, check_finite, error_lines
+from robotd.config.overrides import (
+    Origins,
+    apply_override,
+    blame,
+    blame_keys,
+    error_lines,
+    non_finite,
+)
 from robotd.config.overrides import parse_value as _parse_value  # noqa: F401 (re-exported)
+from robotd.config.sections import CameraConfig, JointsConfig
+from robotd.config.strict import validate_strictly
 from robotd.errors import ConfigError
 
 
@@ -45,7 +56,8 @@ def load_config(
     path = Path(path) if path is not None else DEFAULT_CONFIG
     where = str(path)
     try:
-        text = path.read_text()
+        # utf-8-sig: a leading byte-order mark (what editors on Windows write) is not text
+        text = path.read_text(encoding="utf-8-sig")
     except FileNotFoundError:
         raise ConfigError(f"{where}: no such config file") from None
     except UnicodeDecodeError as exc:
@@ -64,42 +76,69 @@ def load_config(
 def config_from_dict(
     raw: dict[str, Any], *, where: str = "<config>", overrides: Iterable[str] = ()
 ) -> Config:
+    """`raw` (a parsed TOML file) with its overrides applied, validated: ConfigError with
+    one line per problem, every one found (the driver options against the joints and the
+    tick timing are checked once the config itself is valid)."""
     raw = copy.deepcopy(raw)
     origins: Origins = {}
     for assignment in overrides:
         apply_override(raw, assignment, origins)
-    check_finite(raw, where, origins)
+    skip, problems = non_finite(raw, where, origins)
+    cfg = None
     try:
-        cfg = Config.model_validate(raw)
+        # strict: a TOML bool is no number and a string no bool (an int is taken for a float)
+        cfg = Config.model_validate(raw, strict=True)
     except ValidationError as exc:
-        raise ConfigError(error_lines(exc, where, origins)) from None
-    joint_options = _check_driver_options(cfg, where, origins)
+        problems += error_lines(exc.errors(), where, origins, skip=skip)
+    joint_options, found = _check_driver_options(raw, cfg, where, origins, skip)
+    problems += found
+    if problems or cfg is None:
+        raise ConfigError("\n".join(problems))
     return _check_tick_timing(cfg, joint_options, where, origins)
 
 
-def _check_driver_options(cfg: Config, where: str, origins: Origins) -> BaseModel | None:
-    """Each driver's options validated by the driver's own Options model, at load, and the
-    joint driver's against the joints (`check_joint_options`); the joint driver's
-    validated options are returned (for the checks against the config)."""
-    from drivers.base import check_joint_options, driver_class, validate_options
+def _driver_tables(raw: dict[str, Any]) -> Iterator[tuple[str, str, dict[str, Any], str]]:
+    """(kind, driver name, options, key) of each driver's table in `raw` well formed enough
+    to check its options (what is not is reported by the config's own model)."""
+    tables = [("joints", raw.get("joints"), "joints", JointsConfig)]
+    cameras = raw.get("cameras")
+    if isinstance(cameras, dict):
+        tables += [("cameras", t, f"cameras.{n}", CameraConfig) for n, t in cameras.items()]
+    for kind, table, key, model in tables:
+        if not isinstance(table, dict):
+            continue
+        driver = table.get("driver", model.model_fields["driver"].default)
+        options = table.get("options", {})
+        if isinstance(driver, str) and isinstance(options, dict):
+            yield kind, driver, options, key
 
-    checks = [("joints", cfg.joints.driver, cfg.joints.options, "joints")]
-    checks += [("cameras", c.driver, c.options, f"cameras.{n}") for n, c in cfg.cameras.items()]
+
+def _check_driver_options(
+    raw: dict[str, Any], cfg: Config | None, where: str, origins: Origins, skip: Collection[str]
+) -> tuple[BaseModel | None, list[str]]:
+    """Each driver's options validated by the driver's own Options model, at load (even
+    when the rest of the config is not valid), and the joint driver's against the joints
+    (`check_joint_options`, with a valid `cfg`): (the joint driver's validated options,
+    for the checks against the config; a line per problem)."""
+    from drivers.base import DriverConfigError, check_joint_options, driver_class
+
     joint_options = None
-    for kind, driver, options, key in checks:
-        cls = driver_class(kind, driver)  # the name was checked with its section
+    problems: list[str] = []
+    for kind, driver, options, key in _driver_tables(raw):
         try:
-            validated = validate_options(cls, options)
-        except ValidationError as exc:
-            raise ConfigError(error_lines(exc, where, origins, f"{key}.options")) from None
-        if kind == "joints":
+            cls = driver_class(kind, driver)
+        except DriverConfigError:
+            continue  # reported with its section (joints.driver, cameras.NAME.driver)
+        validated, errors = validate_strictly(cls.Options, options)
+        problems += error_lines(errors, where, origins, f"{key}.options", skip)
+        if kind == "joints" and validated is not None and cfg is not None:
             joint_options = validated
             try:
                 check_joint_options(cls, cfg.joints.names, validated)
             except ValueError as exc:
                 at, why = _option_key(str(exc), validated)
-                raise ConfigError(f"{blame(where, at, origins)}: {why}") from None
-    return joint_options
+                problems.append(f"{blame(where, at, origins)}: {why}")
+    return joint_options, problems
 
 
 def _option_key(text: str, options: BaseModel) -> tuple[str, str]:
@@ -141,20 +180,23 @@ def _check_tick_timing(
         fitted["watchdog_ms"] = watchdog = min(2540, units * WATCHDOG_UNIT_MS)
     if budget is not None and budget > period_ms and "budget_ms" not in given:
         fitted["budget_ms"] = budget = round(BUDGET_SHARE * period_ms, 2)
+    problems = []
     if watchdog and watchdog < floor:
-        raise ConfigError(
-            f"{blame(where, 'joints.options.watchdog_ms', origins)}: {watchdog:g} ms is "
-            f"shorter than {WATCHDOG_MIN_PERIODS} control tick periods ({floor:.1f} ms; the "
-            f"period is {period_ms:.1f} ms at {at}): the servos would stop between ticks; "
-            f"make it at least {math.ceil(floor)} ms, or 0 (off)"
+        problems.append(
+            f"{blame_keys(where, ['joints.options.watchdog_ms', 'control.hz'], origins)}: "
+            f"{watchdog:g} ms is shorter than {WATCHDOG_MIN_PERIODS} control tick periods "
+            f"({floor:.1f} ms; the period is {period_ms:.1f} ms at {at}): the servos would "
+            f"stop between ticks; make it at least {math.ceil(floor)} ms, or 0 (off)"
         )
     if budget is not None and budget > period_ms:
-        raise ConfigError(
-            f"{blame(where, 'joints.options.budget_ms', origins)}: {budget:g} ms is longer "
-            f"than the control tick period ({period_ms:.1f} ms at {at}): a tick's read cannot "
-            f"take longer than the tick; make it at most {math.floor(period_ms * 10) / 10:g} ms "
-            "(less leaves the tick time to write)"
+        problems.append(
+            f"{blame_keys(where, ['joints.options.budget_ms', 'control.hz'], origins)}: "
+            f"{budget:g} ms is longer than the control tick period ({period_ms:.1f} ms at "
+            f"{at}): a tick's read cannot take longer than the tick; make it at most "
+            f"{math.floor(period_ms * 10) / 10:g} ms (less leaves the tick time to write)"
         )
+    if problems:
+        raise ConfigError("\n".join(problems))
     if not fitted:
         return cfg
     joints = cfg.joints.model_copy(update={"options": {**given, **fitted}})

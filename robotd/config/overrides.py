@@ -1,8 +1,8 @@
 """`--set KEY=VALUE` overrides and who is to blame for a bad value: an error at a key a
 --set gave (or inside a table a --set made) names the --set, not the file.
 
-Also the one check every number of the config passes before its section's model sees
-it: finite (no NaN, no infinity), so that NaN is not reported as "must be <= 2000".
+Also the one check every number of the config passes: finite (no NaN, no infinity),
+reported as such (not as "must be <= 2000") together with the config's other errors.
 """
 
 from __future__ import annotations
@@ -10,11 +10,12 @@ from __future__ import annotations
 import math
 import re
 import tomllib
-from collections.abc import Iterator
+from collections.abc import Collection, Iterable, Iterator, Sequence
 from typing import Any
 
-from pydantic import ValidationError
+from pydantic_core import ErrorDetails
 
+from robotd.config.problems import Problems
 from robotd.errors import ConfigError, dotted, rule
 
 # Where a --set put something: the key it set, and each table it had to make on the way,
@@ -62,38 +63,99 @@ def _within(key: str, path: str) -> bool:
     return key == path or key.startswith((path + ".", path + "["))
 
 
+def set_source(key: str, origins: Origins) -> tuple[str, str] | None:
+    """(the table or key a --set gave that holds `key`, that --set's key), or None when
+    `key` is the file's."""
+    for path, source in sorted(origins.items(), key=lambda item: -len(item[0])):
+        if key and _within(key, path):
+            return path, source
+    return None
+
+
 def blame(where: str, key: str, origins: Origins) -> str:
     """How an error names a key: ``--set KEY`` when a --set gave it, ``--set SRC: KEY``
     when it lies in a table a --set made, else ``FILE: KEY``."""
-    for path, source in sorted(origins.items(), key=lambda item: -len(item[0])):
-        if not key or not _within(key, path):
-            continue
-        if path == source:
-            return f"--set {key}"
-        return f"--set {source}: {key}"
+    found = set_source(key, origins)
+    if found is not None:
+        path, source = found
+        return f"--set {key}" if path == source else f"--set {source}: {key}"
     return f"{where}: {key}" if key else where
 
 
-# A model-wide rule's message that starts with the key it is about ("safety.x: needs ...")
-_LEADING_KEY = re.compile(r"([A-Za-z_][\w\-]*(?:\.[\w\-]+|\[\d+\])*): ")
+def blame_keys(where: str, keys: Sequence[str], origins: Origins) -> str:
+    """How an error about several keys names them: by the first (`blame`), unless a --set
+    gave another of them and not the first: ``--set SRC: FIRST``."""
+    if set_source(keys[0], origins) is None:
+        for key in keys[1:]:
+            found = set_source(key, origins)
+            if found is not None:
+                return f"--set {found[1]}: {keys[0]}"
+    return blame(where, keys[0], origins)
 
 
-def error_lines(exc: ValidationError, where: str, origins: Origins, prefix: str = "") -> str:
-    """A ValidationError as lines of ``SOURCE: dotted.key: rule`` (see `blame`)."""
-    lines = []
-    for err in exc.errors():
-        at = dotted(tuple(err.get("loc", ())))
-        at = f"{prefix}.{at}" if prefix and at else prefix or at
+# A rule's message that starts with the key it is about ("safety.x: needs ...", a
+# contract's "policy.observations.streams['top'].at: ...")
+_LEADING_KEY = re.compile(r"([A-Za-z_][\w\-]*(?:\.[\w\-]+|\[\d+\]|\['[^']*'\])*): ")
+
+# A value of the wrong kind (the loader validates strictly: nothing is converted), in words
+_KIND = {
+    "bool_type": "must be true or false",
+    "int_type": "must be an integer",
+    "float_type": "must be a number",
+    "string_type": "must be a string",
+}
+
+
+def _join(at: str, key: str) -> str:
+    return f"{at}.{key}" if at and key else at or key
+
+
+def _problems(err: ErrorDetails, at: str) -> list[tuple[tuple[str, ...], str]]:
+    """One pydantic error as (keys, rule) pairs, the keys full dotted paths: a validator's
+    Problems each; a rule about a table (or the whole config) whose text leads with a key of
+    it, at that key; anything else at its own location."""
+    raised = (err.get("ctx") or {}).get("error")
+    found = raised.problems if isinstance(raised, Problems) else None
+    if found is None:
+        kind = err.get("type", "")
         text = rule(err)
-        if err.get("type") == "finite_number":
+        if kind == "finite_number":
             text = f"must be a finite number, got {err.get('input')!r:.60}"
-        lead = _LEADING_KEY.match(text)
-        if lead is not None and not at:  # a rule spanning sections names its own key
-            key = lead.group(1)
-            lines.append(f"{blame(where, key, origins)}: {text[lead.end() :]}")
-            continue
-        lines.append(f"{blame(where, at, origins)}: {text}")
-    return "\n".join(lines)
+        elif kind in _KIND:
+            text = f"{_KIND[kind]}, got {err.get('input')!r:.60}"
+        whole = not at or isinstance(err.get("input"), dict)
+        found = [((), text) if kind == "value_error" and whole else (("",), text)]
+    out = []
+    for keys, text in found:
+        lead = _LEADING_KEY.match(text) if not keys else None
+        if lead is not None:
+            keys, text = (lead.group(1),), text[lead.end() :]
+        out.append((tuple(_join(at, k) for k in keys or ("",)), text))
+    return out
+
+
+def _plain(key: str) -> str:
+    """A key as the file spells it: a contract's streams['top'] is streams.top."""
+    return re.sub(r"\['([^']*)'\]", r".\1", key)
+
+
+def error_lines(
+    errors: Iterable[ErrorDetails],
+    where: str,
+    origins: Origins,
+    prefix: str = "",
+    skip: Collection[str] = (),
+) -> list[str]:
+    """A ValidationError's errors as lines of ``SOURCE: dotted.key: rule`` (see `blame`),
+    leaving out what lies at or under a key in `skip` (already reported)."""
+    lines = []
+    for err in errors:
+        at = _join(prefix, dotted(tuple(err.get("loc", ()))))
+        for keys, text in _problems(err, at):
+            if any(_within(_plain(k), s) for k in keys if k for s in skip):
+                continue
+            lines.append(f"{blame_keys(where, keys, origins)}: {text}")
+    return lines
 
 
 def _non_finite(node: Any, path: str) -> Iterator[tuple[str, float]]:
@@ -109,13 +171,10 @@ def _non_finite(node: Any, path: str) -> Iterator[tuple[str, float]]:
             yield from _non_finite(v, f"{path}[{i}]")
 
 
-def check_finite(raw: dict[str, Any], where: str, origins: Origins) -> None:
+def non_finite(raw: dict[str, Any], where: str, origins: Origins) -> tuple[list[str], list[str]]:
     """Every number in the config is finite (NaN and infinity are never a valid setting:
     a bound compared with NaN is always false, an infinite time overflows what is derived
-    from it); ConfigError naming each key that is not."""
-    bad = [
-        f"{blame(where, key, origins)}: must be a finite number, got {value}"
-        for key, value in _non_finite(raw, "")
-    ]
-    if bad:
-        raise ConfigError("\n".join(bad))
+    from it): (the keys that are not, a line for each naming it)."""
+    found = list(_non_finite(raw, ""))
+    lines = [f"{blame(where, k, origins)}: must be a finite number, got {v}" for k, v in found]
+    return [k for k, _ in found], lines

@@ -8,6 +8,7 @@ import re
 from typing import Annotated, Any, Literal
 
 from pydantic import (
+    AfterValidator,
     BaseModel,
     ConfigDict,
     Field,
@@ -16,6 +17,8 @@ from pydantic import (
     model_validator,
 )
 
+from drivers.base import exact_kind
+from robotd.config.problems import Problem, raise_any
 from robotd.link.openpi.options import OpenpiOptions
 from robotd.stream.endpoint import EndpointError, is_stream, port_problem
 from robotd.stream.endpoint import parse as parse_stream
@@ -29,8 +32,31 @@ SafetyLimit = Annotated[float, Field(gt=0, allow_inf_nan=False)]
 
 class _Model(BaseModel):
     # every float finite: NaN fails every bound silently, infinity overflows what is derived
-    # from it (the loader also refuses both before any model sees them: config.overrides)
+    # from it (the loader also names both itself: config.overrides). The loader validates
+    # strictly (a TOML bool is no number, a string no bool; an int is taken for a float), so
+    # a field's type must be one TOML spells directly: no tuple, Path or Enum, which strict
+    # validation refuses from a TOML array or string (tests/test_config_strict.py checks).
     model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
+
+
+def _name(value: str) -> str:
+    """A name used as a key (a joint's, in observations, traces and exports): not empty and
+    not only blanks, which no reader of those keys can tell apart or see."""
+    if not value.strip():
+        raise ValueError(f"a name must not be empty or only blanks, got {value!r}")
+    return value
+
+
+Name = Annotated[str, AfterValidator(_name)]
+
+
+def _no_duplicates(kind: str, names: list[str]) -> list[str]:
+    seen: dict[str, int] = {}
+    for i, name in enumerate(names):
+        if name in seen:
+            raise ValueError(f"duplicate {kind} {name!r} (at [{seen[name]}] and [{i}])")
+        seen[name] = i
+    return names
 
 
 def _known_driver(kind: str, name: Any) -> Any:
@@ -46,6 +72,28 @@ def _known_driver(kind: str, name: Any) -> Any:
             raise ValueError(str(exc)) from None
     return name
 
+
+# policy.hang_s's floor, and `robotd serve --hang-s`'s: the worker kills a copy whose call
+# (an act with its reset, an end) is unanswered this long (robotd/worker/copies.py). An act
+# is a pipe round trip and the policy's forward pass: ~1 ms for the demo, ~10 ms for ACT on
+# a GPU, 100 ms and more for a large model. Below this floor even small policies' copies,
+# merely computing, would be killed at every hiccup; above it, what a heavy policy needs is
+# the config's (or the command line's) to say.
+HANG_MIN_S = 0.1
+HANG_MAX_S = 600.0  # ten minutes: past any first act's warm-up
+
+
+def hang_floor_problem(value: float) -> str | None:
+    """The bounds' rule in words when `value` (seconds) breaks one, else None: one wording
+    for the config's policy.hang_s and the serve command's --hang-s."""
+    if value < HANG_MIN_S:
+        return (
+            f"must be >= {HANG_MIN_S:g} s, got {value!r}: shorter, a copy still computing an "
+            "ordinary act would be killed as hung"
+        )
+    if value > HANG_MAX_S:
+        return f"must be <= {HANG_MAX_S:g} s, got {value!r}: a copy silent that long is hung"
+    return None
 
 _DOTTED = r"[A-Za-z_]\w*(\.[A-Za-z_]\w*)*"
 POLICY_SPEC = re.compile(f"{_DOTTED}:{_DOTTED}")
@@ -79,17 +127,23 @@ class ControlConfig(_Model):
     # (rows play from the chunk's start, late), for benchmarks only
     aligned: bool = True
     fade_steps: int = Field(5, ge=1)
-    ensemble_decay: float = Field(0.1, ge=0)
-    latency_s: float | None = Field(
-        None, ge=0
-    )  # virtual clock: fixed policy latency; None = measured
+    # ensemble weight exp(-decay * i) per chunk, i = 0 the oldest (control/queue.py). At 10
+    # each newer chunk weighs e^-10 = 4.5e-5 of the one before (ACT uses 0.01): no average is
+    # left, and past ~36 a newer chunk adds exactly nothing in float64. More is a typo.
+    ensemble_decay: float = Field(0.1, ge=0, le=10)
+    # virtual clock: fixed policy latency (None = measured), the stand-in for an act's round
+    # trip: a minute is far past any policy a robot waits for (and the default patience, 10 s)
+    latency_s: float | None = Field(None, ge=0, le=60)
     max_hold_steps: int = Field(300, ge=1)
     max_steps: int = Field(0, ge=0)  # 0 = no limit
     control_mode: Literal["absolute", "delta", "velocity"] = "absolute"
     # a worker-side episode reset: flush the queue and hold until the new episode's first
     # chunk, or let the queued rows finish
     on_reset: Literal["hold", "finish_chunk"] = "hold"
-    stats_interval_s: float = Field(0.25, gt=0)
+    # how often the lane reports its counters (status, telemetry); the main process calls the
+    # lane silent after 8 of these periods (runtime/view.py): past 10 s a dead lane would go
+    # unnoticed for over a minute
+    stats_interval_s: float = Field(0.25, gt=0, le=10)
     # the main process gone: the lane holds in FAULT this long, then applies its e-stop
     # category and exits (a restarted daemon starts latched)
     orphan_s: float = Field(2.0, ge=0, le=60)
@@ -114,8 +168,8 @@ class ControlConfig(_Model):
 
 class JointsConfig(_Model):
     driver: str = "sim"
-    names: list[str] = Field(min_length=1)
-    grippers: list[str] = []
+    names: list[Name] = Field(min_length=1)
+    grippers: list[Name] = []
     lower: list[FiniteFloat]
     upper: list[FiniteFloat]
     options: dict[str, Any] = {}
@@ -125,23 +179,33 @@ class JointsConfig(_Model):
     def _driver(cls, value: str) -> str:
         return _known_driver("joints", value)
 
+    @field_validator("names")
+    @classmethod
+    def _unique_names(cls, value: list[str]) -> list[str]:
+        return _no_duplicates("joint name", value)
+
+    @field_validator("grippers")
+    @classmethod
+    def _unique_grippers(cls, value: list[str]) -> list[str]:
+        return _no_duplicates("gripper", value)
+
     @model_validator(mode="after")
     def _consistent(self) -> JointsConfig:
         n = len(self.names)
-        if len(set(self.names)) != n:
-            raise ValueError(f"names: duplicate joint name in {self.names}")
+        problems: list[Problem] = []
         for key in ("lower", "upper"):
             got = len(getattr(self, key))
             if got != n:
-                raise ValueError(f"{key}: needs one value per joint ({n}), got {got}")
-        for i, (lo, hi) in enumerate(zip(self.lower, self.upper)):
-            if not lo < hi:
-                raise ValueError(
-                    f"lower/upper: joint {self.names[i]!r} has lower {lo} >= upper {hi}"
-                )
+                problems.append(((key,), f"needs one value per joint ({n}), got {got}"))
+        if not problems:
+            for i, (lo, hi) in enumerate(zip(self.lower, self.upper)):
+                if not lo < hi:
+                    text = f"joint {self.names[i]!r} has lower {lo:g} >= upper {hi:g}"
+                    problems.append(((f"lower[{i}]", f"upper[{i}]"), text))
         unknown = [g for g in self.grippers if g not in self.names]
         if unknown:
-            raise ValueError(f"grippers: {unknown} are not joint names {self.names}")
+            problems.append((("grippers",), f"{unknown} are not joint names {self.names}"))
+        raise_any(problems)
         return self
 
     def gripper_indices(self) -> tuple[int, ...]:
@@ -157,13 +221,25 @@ class SafetyConfig(_Model):
     estop_category: Literal[0, 1] = 1
     driver_fault_run: int = Field(3, ge=1)  # consecutive failed ticks before the driver is faulted
 
+    @field_validator("estop_category", mode="before")
+    @classmethod
+    def _category(cls, value: Any) -> Any:
+        # a Literal of integers takes true for 1 and 0.0 for 0, even strictly
+        return exact_kind(value, (int,), "an integer (0 or 1)")
+
+
+MAX_AGE_MS = 10_000  # cameras.NAME.max_age_ms's bound
+
 
 class CameraConfig(_Model):
     driver: str = "sim"
     width: int = Field(gt=0, le=8192)
     height: int = Field(gt=0, le=8192)
     fps: float = Field(gt=0, le=1000)
-    max_age_ms: float = Field(200.0, gt=0)
+    # a newest frame older than this makes the observation invalid (control/record.py): one
+    # 10 s old no longer shows the scene the robot acts in (200000 for 200 would let acts run
+    # on a frozen camera); at least one frame period (model.py)
+    max_age_ms: float = Field(200.0, gt=0, le=MAX_AGE_MS)
     ring_seconds: float = Field(2.0, gt=0, le=60)
     options: dict[str, Any] = {}
 
@@ -186,7 +262,10 @@ class PolicyConfig(_Model):
     worker: str = ""  # endpoint of a remote worker (ws://host:8000 for openpi); empty = local
     serve: str = "robotd.demo:DotFollower"  # MODULE:CLASS for the local worker
     args: dict[str, Any] = {}
-    timeout_s: float = Field(10.0, gt=0)
+    # an act's answer (+ stream_wait_s for uploaded windows), whose wait the robot holds or
+    # plays out its queue through: 10 minutes is past any first act (a JIT warm-up included)
+    # and matches stream_wait_s's and hang_s's caps; more is a typo
+    timeout_s: float = Field(10.0, gt=0, le=600)
     # at most the wait an act may ask of the worker (robotd.worker.requests.MAX_WAIT_S)
     stream_wait_s: float = Field(10.0, gt=0, le=600)
     # a chunk's rows, as answered and at the control rate; more is refused whole
@@ -198,7 +277,7 @@ class PolicyConfig(_Model):
     # second is a warm spare, ready at once when one is lost) and when a copy counts as hung
     # (shorter than control.max_hold_steps / hz; unset, capped at half of it: model.py)
     copies: int = Field(2, ge=0, le=16)
-    hang_s: float = Field(5.0, gt=0, le=600)
+    hang_s: float = 5.0  # HANG_MIN_S to HANG_MAX_S (_hang: the serve command's words too)
     # uploads one episode may hold on the worker (in flight), lowered to the worker's own
     max_episode_frames: int = Field(1024, ge=1)
     max_episode_bytes: int = Field(64 << 20, ge=1)
@@ -211,6 +290,14 @@ class PolicyConfig(_Model):
     @classmethod
     def _old_link_name(cls, value: Any) -> Any:
         return "robotd" if value == "zmq" else value
+
+    @field_validator("hang_s")
+    @classmethod
+    def _hang(cls, value: float) -> float:
+        problem = hang_floor_problem(value)
+        if problem is not None:
+            raise ValueError(problem)
+        return value
 
     @field_validator("serve")
     @classmethod

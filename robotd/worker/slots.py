@@ -37,8 +37,10 @@ class CopyOptions:
             raise ValueError(f"copies: {self.copies} is not in 0..64")
         if self.inline and self.copies != 0:
             raise ValueError(f"inline runs one copy in the worker: copies is {self.copies}, not 0")
-        if not 0 < self.hang_s <= 3600 or not 0 < self.start_s <= 86400:
-            raise ValueError(f"hang_s {self.hang_s} / start_s {self.start_s} must be > 0")
+        if not 0 < self.hang_s <= 3600:
+            raise ValueError(f"hang_s: {self.hang_s} s is not in (0, 3600]")
+        if not 0 < self.start_s <= 86400:
+            raise ValueError(f"start_s: {self.start_s} s is not in (0, 86400]")
         if self.memory_bytes < 0:
             raise ValueError(f"memory_bytes: {self.memory_bytes} < 0")
 

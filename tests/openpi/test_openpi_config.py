@@ -77,7 +77,7 @@ def _with(change: Any) -> dict[str, Any]:
         (lambda o: o["inputs"][2].update(joints="7:2"), r"inputs\[2\]\.joints.*start:stop"),
         (lambda o: o["inputs"][2].update(joints=[-1]), r"inputs\[2\]\.joints"),
         (lambda o: o["inputs"][0].update(bogus=1), r"inputs\[0\]\.bogus: unknown key"),
-        (lambda o: o["inputs"][0].update(joints=[0]), r"inputs\[0\]: joints: only for"),
+        (lambda o: o["inputs"][0].update(joints=[0]), r"inputs\[0\]\.joints: only for"),
         (lambda o: o["inputs"][2].update(image={}), r"image: only for camera"),
         (lambda o: o["inputs"][0].update(default="x"), r"default: only for source 'task'"),
         (lambda o: o["inputs"][4].update(window="stack"), r"the task text has no window"),
