@@ -302,6 +302,7 @@ def test_commands_taken_before_an_estop_do_not_undo_it(daemon, client):
     when it takes them after the e-stop, not carried out (the robot moving again)."""
     import signal
 
+    client.request("clear_fault")  # whatever latched before: "first" is the first cause
     client.request("estop", {"reason": "first"})
     lane = _control_process(daemon)
     sock = zmq.Context.instance().socket(zmq.DEALER)
@@ -326,7 +327,8 @@ def test_commands_taken_before_an_estop_do_not_undo_it(daemon, client):
         assert replies[rid]["ok"] is False and replies[rid]["error"]["code"] == "superseded"
     assert replies[43]["ok"] is True
     st = client.request("status")["result"]
-    assert st["state"] == "FAULT" and st["fault"]["detail"] == "the last word", st
+    assert st["state"] == "FAULT" and st["fault"]["detail"] == "first", st  # the first shown
+    assert st["fault"]["latest_detail"] == "the last word", st  # the last one carried out
     assert client.request("clear_fault")["result"]["state"] == "IDLE"  # taken after: carried out
     # the log says what did not happen, and why
     daemon.wait_line(r"WARNING .*operator: clear_fault failed: superseded: clear_fault was sent")
@@ -343,6 +345,7 @@ def test_a_command_unread_while_the_main_process_hung_does_not_undo_a_later_esto
 
     from robotd.operator.client import estop_via_lane
 
+    client.request("clear_fault")  # whatever latched before: "first" is the first cause
     client.request("estop", {"reason": "first"})
     sock = zmq.Context.instance().socket(zmq.DEALER)
     sock.setsockopt(zmq.LINGER, 0)
@@ -361,7 +364,8 @@ def test_a_command_unread_while_the_main_process_hung_does_not_undo_a_later_esto
     assert reply["id"] == 51 and reply["ok"] is False, reply
     assert reply["error"]["code"] == "superseded", reply
     st = client.request("status")["result"]
-    assert st["state"] == "FAULT" and st["fault"]["detail"] == "while main hung", st
+    assert st["state"] == "FAULT" and st["fault"]["detail"] == "first", st  # the first shown
+    assert st["fault"]["latest_detail"] == "while main hung", st  # the lane's own took
     assert client.request("clear_fault")["result"]["state"] == "IDLE"
 
 

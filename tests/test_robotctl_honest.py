@@ -43,6 +43,12 @@ def _at(daemon: Daemon) -> dict[str, str]:
     return {"ROBOTD_ENDPOINT": daemon.control_endpoint}
 
 
+def _clear(client: ControlClient) -> None:
+    """No fault latched: the next e-stop is the fault's first cause, the one status shows."""
+    client.request("clear_fault")
+    assert client.request("status")["result"]["state"] == "IDLE"
+
+
 def _fault(client: ControlClient) -> dict:
     state = client.request("status")["result"]
     assert state["state"] == "FAULT", state
@@ -59,17 +65,20 @@ def _child(daemon: Daemon, module: str) -> int:
 
 
 def test_an_estop_goes_through_whatever_its_reason(daemon, client):
+    _clear(client)
     out, _ = robotctl("estop", "--reason", UNDECODABLE, env=_at(daemon))
     assert out.returncode == EXIT_OK, out.stderr
     assert "e-stop: \ufffd stop now" in out.stdout
     assert _fault(client)["detail"] == "\ufffd stop now"
     long = "why " * 100  # 400 characters: over the daemon's 200
+    _clear(client)
     out, _ = robotctl("estop", "--reason", long, env=_at(daemon))
     assert out.returncode == EXIT_OK, out.stderr
     assert _fault(client)["detail"] == estop_reason(long) and len(estop_reason(long)) == 200
 
 
-def test_an_estop_through_lane_sock_goes_through_whatever_its_reason(daemon):
+def test_an_estop_through_lane_sock_goes_through_whatever_its_reason(daemon, client):
+    _clear(client)
     reason = UNDECODABLE + " via the lane " * 30
     os.kill(daemon.proc.pid, signal.SIGSTOP)  # the main process does not answer
     try:
@@ -84,6 +93,7 @@ def test_an_estop_through_lane_sock_goes_through_whatever_its_reason(daemon):
 
 
 def test_escape_codes_from_the_wire_never_reach_the_terminal(daemon, client):
+    _clear(client)
     out, _ = robotctl("estop", "--reason", NASTY, env=_at(daemon))
     assert out.returncode == EXIT_OK, out.stderr
     for said in (out, robotctl("status", env=_at(daemon))[0]):

@@ -8,8 +8,9 @@ transitions it returns.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from enum import StrEnum
+from typing import Literal
 
 
 class State(StrEnum):
@@ -28,11 +29,32 @@ class CommandRefused(Exception):
         self.code = code
 
 
+STARTUP = "startup"  # the cause a real robot starts latched with
+
+# What a latch did: entered FAULT (or replaced the start-up latch); added a later cause to
+# it; or changed nothing (a cause still present latching again, as a failing driver does
+# every tick: the same fault going on).
+Latched = Literal["entered", "later", "repeat"]
+
+
 @dataclass(slots=True)
 class Fault:
-    cause: str  # estop | driver | safety | camera | startup
+    """The latched fault. `cause`/`detail` stay the first cause's: the one that stopped the
+    robot. Causes latched after it are kept only as a count and the latest (a lane keeps
+    nothing unbounded); `present` holds the persistent causes still present, each with its
+    detail (at most one entry per persistent cause): while any is, it cannot be cleared."""
+
+    cause: str  # estop | driver | safety | main_gone | startup
     detail: str
-    active: bool = True  # the cause is still present (e-stop latch, driver down)
+    present: dict[str, str] = field(default_factory=dict)
+    later: int = 0  # causes latched after the first
+    latest_cause: str = ""
+    latest_detail: str = ""
+
+    @property
+    def active(self) -> bool:
+        """Some cause is still present (a driver down, the main process gone)."""
+        return bool(self.present)
 
 
 class EpisodeMachine:
@@ -44,9 +66,7 @@ class EpisodeMachine:
         self.fault: Fault | None = None
         if start == "latched":
             self.state = State.FAULT
-            self.fault = Fault(
-                "startup", "started latched: clear_fault to enable motion", active=False
-            )
+            self.fault = Fault("startup", "no motion until an operator clears it")
         else:
             self.state = State.IDLE
 
@@ -76,28 +96,40 @@ class EpisodeMachine:
             )
         self.state = State.IDLE
 
-    def latch(self, cause: str, detail: str, *, active: bool = True) -> bool:
-        """Latch FAULT; True when this newly entered FAULT. A running episode ends as 'fault'."""
+    def latch(self, cause: str, detail: str, *, active: bool = True) -> Latched:
+        """Latch FAULT for `cause` (`active`: it stays present until `cause_gone`). A running
+        episode ends as 'fault'. The first cause stays the fault shown (the start-up latch
+        excepted); a later one is counted and kept as the latest, and a cause already
+        present is not counted again."""
         if self.state is State.RUNNING:
             self.outcome = "fault"
-        entered = self.state is not State.FAULT
-        if entered or self.fault is None or not self.fault.active:
-            self.fault = Fault(cause, detail, active)
-        self.state = State.FAULT
-        return entered
+        f = self.fault
+        # The start-up latch stopped nothing (nothing had moved yet): a real cause takes its
+        # place as the first, rather than being shown as what came after it.
+        if self.state is not State.FAULT or f is None or f.cause == STARTUP:
+            self.state = State.FAULT
+            self.fault = Fault(cause, detail, {cause: detail} if active else {})
+            return "entered"
+        if cause in f.present:
+            return "repeat"
+        f.later += 1
+        f.latest_cause, f.latest_detail = cause, detail
+        if active:
+            f.present[cause] = detail
+        return "later"
 
     def cause_gone(self, cause: str) -> None:
-        if self.fault is not None and self.fault.cause == cause:
-            self.fault.active = False
+        # Called on every good read: a cheap no-op unless that cause is present.
+        f = self.fault
+        if f is not None and f.present:
+            f.present.pop(cause, None)
 
     def clear_fault(self) -> None:
         if self.state is not State.FAULT:
             raise CommandRefused("bad_state", f"clear_fault needs FAULT, state is {self.state}")
         assert self.fault is not None
-        if self.fault.active:
-            raise CommandRefused(
-                "fault_active",
-                f"cannot clear: {self.fault.cause} still present ({self.fault.detail})",
-            )
+        if self.fault.present:
+            cause, detail = next(iter(self.fault.present.items()))
+            raise CommandRefused("fault_active", f"cannot clear: {cause} still present ({detail})")
         self.fault = None
         self.state = State.IDLE

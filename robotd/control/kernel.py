@@ -27,7 +27,7 @@ from robotd.control.playback import Chunk, playback_for
 from robotd.control.record import StepRecorder
 from robotd.control.shield import REJECTED, Shield
 from robotd.control.watchdog import Watchdog
-from robotd.lane.messages import Ask, Event, Fault, FrameRef, Status
+from robotd.lane.messages import Ask, Event, FrameRef, Status
 
 Emit = Callable[[Any], None]
 Asker = Callable[[Ask], Chunk | None]
@@ -133,14 +133,13 @@ class Kernel:
 
     def status(self) -> Status:
         m, pb = self.machine, self.playback
-        fault = m.fault
         return Status(
             str(m.state),
             m.episode,
             self.wep,
             self.step,
             m.outcome,
-            None if fault is None else Fault(fault.cause, fault.detail[:500], fault.active),
+            self.latch.shown(),
             len(pb.queue),
             pb.in_flight is not None,
             self.latch.torque_on,

@@ -7,7 +7,10 @@ FAULT itself is a state of the EpisodeMachine; this class owns its consequences:
   (they may have sagged or been pushed while torque was off: never jump back);
 - which causes stay present: an e-stop is gone once latched (the operator clears it), a
   safety fault once the offending chunk is flushed (it is, as the fault latches), a driver
-  fault only when a read succeeds again.
+  fault only when a read succeeds again;
+- what status shows (`shown`): the first cause, the one that stopped the robot; causes that
+  latch after it only as their count and the latest (nothing unbounded in the lane). The
+  work is done as a cause latches, never per tick.
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from robotd.control.episode import EpisodeMachine
+from robotd.lane.messages import MAX_TEXT, Fault
 
 # A cause that stays present until it is seen gone (the driver reads again; the main process
 # never comes back to a lane it orphaned); every other cause is gone once it has latched.
@@ -46,18 +50,33 @@ class FaultLatch:
         self._torque_off_at: int | None = None
 
     def latch(self, cause: str, detail: str, tick: int) -> bool:
-        """Latch FAULT for `cause`; True when this newly entered FAULT (then an event says
-        so). An e-stop starts its category whatever state it finds, FAULT included: a
-        robot latched for another cause and still holding stops all the same."""
-        entered = self.machine.latch(cause, detail, active=cause in PERSISTENT_CAUSES)
+        """Latch FAULT for `cause`; True when it is the fault's first cause (then an event
+        says so; a later cause's event names the first). An e-stop starts its category
+        whatever state it finds, FAULT included: a robot latched for another cause and
+        still holding stops all the same."""
+        m = self.machine
+        latched = m.latch(cause, detail, active=cause in PERSISTENT_CAUSES)
         if cause == "estop" and self.torque_on and self._torque_off_at is None:
             if self.category == 0:
                 self._torque(False)
             else:
                 self._torque_off_at = tick + self.stop_ticks
-        if entered or cause == "estop":
+        if latched == "entered":
             self._event("fault", cause=cause, detail=detail)
-        return entered
+        elif latched == "later" and m.fault is not None:
+            # logged too, though the fault shown stays the first: which cause came after which
+            f = m.fault
+            self._event("fault", cause=cause, detail=detail, after=f.cause, later=f.later)
+        return latched == "entered"
+
+    def shown(self) -> Fault | None:
+        """The latched fault as status shows it (None when there is none)."""
+        f = self.machine.fault
+        if f is None:
+            return None
+        present = next(iter(f.present), "")
+        return Fault(f.cause, f.detail[:MAX_TEXT], f.active, f.later, f.latest_cause,
+                     f.latest_detail[:MAX_TEXT], present)
 
     def clear(self) -> None:
         """clear_fault: into IDLE (CommandRefused while the cause is present), torque on,

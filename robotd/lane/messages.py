@@ -246,9 +246,17 @@ class StartState(_Msg, tag="start_state"):
 
 
 class Fault(msgspec.Struct, forbid_unknown_fields=True):
+    """The latched fault: the first cause and its detail (what stopped the robot); `active`
+    while some cause is still present (`present` names one: it may be a later cause); the
+    causes latched after the first only as their count (`later`) and the latest."""
+
     cause: Text
     detail: Text
     active: bool
+    later: Annotated[int, msgspec.Meta(ge=0)] = 0
+    latest_cause: Text = ""
+    latest_detail: Text = ""
+    present: Text = ""
 
 
 class Status(_Msg, tag="state"):

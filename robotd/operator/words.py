@@ -31,16 +31,39 @@ def _text(value: Any, limit: int = 120) -> str:
     return printable(flat if len(flat) <= limit else flat[: limit - 1] + "…")
 
 
+def _cause(cause: Any) -> str:
+    return CAUSES.get(cause, _text(cause or "fault", 40)) if isinstance(cause, str) else "fault"
+
+
+def _count(value: Any) -> int:
+    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else 0
+
+
+def _also(fault: dict[str, Any]) -> str:
+    """"; also: e-stop 'reason B' (+2 more)" for the causes latched after the first."""
+    later = _count(fault.get("later"))
+    if not later:
+        return ""
+    detail = fault.get("latest_detail")
+    quoted = f" '{_text(detail, 80)}'" if detail else ""
+    more = f" (+{later - 1} more)" if later > 1 else ""
+    return f"; also: {_cause(fault.get('latest_cause'))}{quoted}{more}"
+
+
 def fault_words(fault: Any) -> str:
-    """'e-stop: pressed at the bench (cleared by clear_fault)' and the like; '' for none."""
+    """'e-stop: pressed at the bench (clear_fault to leave)' and the like; '' for none. The
+    cause is the first one latched (what stopped the robot); later ones follow, bounded."""
     if not isinstance(fault, dict):
         return "" if fault is None else _text(fault)
     cause = fault.get("cause")
-    name = CAUSES.get(cause, _text(cause or "fault", 40)) if isinstance(cause, str) else "fault"
+    name = _cause(cause)
     detail = fault.get("detail")
-    text = f"{name}: {_text(detail)}" if detail else name
+    text = (f"{name}: {_text(detail)}" if detail else name) + _also(fault)
     if fault.get("active") is True:
-        return f"{text} (still present: cannot be cleared yet)"
+        present = fault.get("present")
+        other = isinstance(present, str) and present not in ("", cause)  # a later cause
+        which = f"{_cause(present)} " if other else ""
+        return f"{text} ({which}still present: cannot be cleared yet)"
     return f"{text} (clear_fault to leave)"
 
 

@@ -26,6 +26,7 @@ import numpy as np
 
 from robotd.config import Config
 from robotd.lane.messages import Ask, ChunkRows, Event, Merged, StartState, Stats, Step
+from robotd.trace.sanitize import sanitized
 from robotd.trace.schemas import ASK, CHUNK, EVENTS, LINK, OPERATOR, START_STATE, TICK
 from robotd.trace.start import open_store
 from robotd.trace.store import EpisodeWriter, TraceStore
@@ -180,11 +181,16 @@ class Recorder:
     def operator(self, cmd: str, args: Mapping[str, Any], error: str | None,
                  result: Any = None) -> None:
         """An operator command as answered (`error` None: it was done). Arguments arrive
-        validated and bounded (robotd.operator.requests)."""
+        validated and bounded (robotd.operator.requests), yet as a client sent them: what
+        JSON cannot hold (a bytes key in `params set`) is written printable, and the record
+        says where (`sanitized`), rather than lost to the writer's encoding error."""
         if cmd in QUIET_COMMANDS or (cmd == "params" and not args.get("set")):
             return
-        self.store.write(OPERATOR, self.now(), {"cmd": cmd, "args": dict(args),
-                                                "ok": error is None, "error": error})
+        plain, changed = sanitized(dict(args))
+        record = {"cmd": cmd, "args": plain, "ok": error is None, "error": error}
+        if changed:
+            record["sanitized"] = changed
+        self.store.write(OPERATOR, self.now(), record)
         if cmd == "verdict" and error is None and isinstance(result, dict):
             episode = result.get("episode")
             if isinstance(episode, int) and 0 < episode < 10**9:

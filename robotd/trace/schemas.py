@@ -113,6 +113,8 @@ _OPERATOR = _object(
     "An operator command, its arguments in summary and how it was answered.",
     {"cmd": _STR, "args": _OBJ, "ok": {"type": "boolean"}, "error": {"type": ["string", "null"]}},
 )
+# Only when the arguments held what JSON cannot (bytes): where they were made printable.
+_OPERATOR["properties"]["sanitized"] = {"type": "array", "items": _STR}
 _LINK = _object(
     "robotd.LinkEvent",
     "The policy link: uploads, refusals, reconnects, worker-side episode resets.",

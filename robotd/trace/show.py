@@ -44,6 +44,16 @@ def _count(value: Any) -> Any:
     return len(value) if isinstance(value, list) else value
 
 
+def _sanitized(places: Any) -> str:
+    """The mark of an operator record whose arguments were not JSON as sent: the args shown
+    are not what the client sent there (robotd.trace.sanitize), so say where."""
+    if not places:
+        return ""
+    if isinstance(places, list):
+        return f" (sanitized: {', '.join(str(p) for p in places)})"
+    return f" (sanitized: {json.dumps(places)})"  # not the schema's list: shown as it is
+
+
 def _one(msg: TraceMessage) -> str:
     r = msg.record
     if msg.topic == TICK:
@@ -63,7 +73,8 @@ def _one(msg: TraceMessage) -> str:
                 f" delay={r.get('delay')}")
     if msg.topic == "/operator":
         verdict = "ok" if r.get("ok") else f"error: {r.get('error')}"
-        return f"operator {r.get('cmd')} {json.dumps(r.get('args'))} -> {verdict}"
+        line = f"operator {r.get('cmd')} {json.dumps(r.get('args'))} -> {verdict}"
+        return line + _sanitized(r.get("sanitized"))
     if msg.topic == "/link":
         return f"link {r.get('kind')} {json.dumps(r.get('detail'))}"
     if msg.topic == START_STATE:
