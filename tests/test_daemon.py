@@ -24,6 +24,9 @@ SUMMARY_KEYS = {
     "rows_dropped",
     "episode_resets",
     "interventions",
+    "clipped",
+    "clamped",
+    "rejected",
     "tracking_error",
 }
 

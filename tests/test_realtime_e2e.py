@@ -223,4 +223,8 @@ def test_blending_merges_run_end_to_end_through_the_local_worker(workdir: Path, 
     log = summary["log_tail"]
     assert "run ended after" in log and f"{summary['ticks']} ticks at" in log, log
     assert f"{summary['chunks']} chunks from {summary['acts']} acts (0 failed)" in log, log
+    kinds = (summary["clipped"], summary["clamped"], summary["rejected"])
+    assert sum(kinds) == summary["interventions"], summary
+    said = "{} shield interventions ({} clipped, {} clamped, {} rejected)"
+    assert said.format(summary["interventions"], *kinds) in log, log
     assert "closed a peer" not in log, log  # the worker saw the daemon leave, no fault

@@ -136,10 +136,12 @@ def worker_argv(cfg: Config, endpoint: str) -> list[str]:
 class Children:
     """Starts the children under a Supervisor and decides what each one's exit means.
 
-    - control: the robot's lane is gone; `on_control_exit` stops the daemon.
+    - control: the robot's lane is gone; `on_control_exit` stops the daemon (never restarted).
     - a camera: its frames go stale (no act is asked from them); restarted.
     - the local worker: before it served, start-up fails with `worker_failed`; after, the
       episode is lost on the robot (`on_worker_lost`) and the worker restarted.
+    Restarts back off (the Supervisor's: 1 s doubling to 30 s while a child keeps dying
+    young), so a camera on a bad device is not restarted, and logged, every second.
     """
 
     def __init__(
@@ -174,7 +176,10 @@ class Children:
             await self.sup.start(Child("worker", argv, self._worker_exit, env=ONE_BLAS_THREAD))
 
     def control_alive(self) -> bool:
-        child = self.sup.children.get("control")
+        return self.alive("control")
+
+    def alive(self, name: str) -> bool:
+        child = self.sup.children.get(name)
         return child is not None and child.process is not None and child.process.returncode is None
 
     async def _control_exit(self, child: Child, code: int) -> bool:

@@ -46,6 +46,11 @@ log = logging.getLogger("robotd")
 __all__ = ["Daemon", "Options", "run", "setup_logging"]
 
 READY_TIMEOUT_S = 30.0
+# Said after a hello timed out while the local worker lives on: why it did not answer.
+NOT_SERVING = (
+    "; the local worker is running but not serving yet: its policy is still loading, or"
+    " stuck in its set-up"
+)
 FIRST_FRAME_WAIT_S = 10.0  # a camera process that is slow to start (a loaded machine, USB)
 
 
@@ -158,7 +163,10 @@ class Daemon:
         try:
             contract = await self.session.connect(tg, **self._worker_wait())
         except (StartupError, ContractError) as exc:
-            log.error("%s", exc)
+            # a local worker alive but not serving: its policy still loads (or is stuck)
+            waiting = isinstance(exc, StartupError) and local is not None
+            waiting = waiting and children.alive("worker")
+            log.error("%s%s", exc, NOT_SERVING if waiting else "")
             self.exit_code = 2
             return
         if self.cfg.robot.start == "episode":  # the contract starts it: not before the cameras
@@ -180,14 +188,16 @@ class Daemon:
 
     def _worker_wait(self) -> dict[str, Any]:
         """How long start-up waits for the worker's hello, and where its endpoint came
-        from. A remote worker is waited for HELLO_DEADLINE_S, or --duration if shorter (a
-        run asked to last 3 s does not wait 30 for a worker not there); a local one comes
-        up or dies (worker_failed): HELLO_DEADLINE_S."""
+        from: HELLO_DEADLINE_S, or --duration if shorter (a run asked to last 3 s does not
+        wait 30 for a worker that does not answer), a remote worker and a local one alike.
+        A local worker that dies is noticed before that (worker_failed); one that lives on
+        without serving (its policy still loading, or stuck) is as absent as a remote one."""
+        wait = min(HELLO_DEADLINE_S, self.opts.duration or HELLO_DEADLINE_S)
         if self.opts.worker or self.cfg.policy.worker:
             source = "--worker" if self.opts.worker else "policy.worker"
-            wait = min(HELLO_DEADLINE_S, self.opts.duration or HELLO_DEADLINE_S)
-            return {"wait_s": wait, "source": source}
-        return {"wait_s": HELLO_DEADLINE_S, "source": f"the local worker, {self.cfg.policy.serve}"}
+        else:
+            source = f"the local worker, {self.cfg.policy.serve}"
+        return {"wait_s": wait, "source": source}
 
     async def _signals(self) -> None:
         await stop_on_signal(self._stop_now)

@@ -114,6 +114,9 @@ class RunSummary:
             "delay_overruns",
             "episode_resets",
             "interventions",
+            "clipped",
+            "clamped",
+            "rejected",
             "invalid_observations",
             "dropped_messages",
             "bad_messages",
@@ -150,7 +153,8 @@ class RunSummary:
             f"{self.lateness()['p99']:.1f} µs, {t.get('overruns', 0)} overruns; "
             f"{t.get('episodes', 0)} episodes, {t.get('chunks', 0)} chunks from "
             f"{t.get('acts', 0)} acts ({failed} failed), {t.get('holds', 0)} ticks held, "
-            f"{t.get('interventions', 0)} shield interventions, "
+            f"{t.get('interventions', 0)} shield interventions ({t.get('clipped', 0)} clipped, "
+            f"{t.get('clamped', 0)} clamped, {t.get('rejected', 0)} rejected), "
             f"{t.get('episode_resets', 0)} episode resets, {link['reconnects']} reconnects"
         )
 

@@ -3,6 +3,11 @@
 Every child dies with its parent (PR_SET_PDEATHSIG, set by the child itself), so a
 killed main process leaves nothing behind; on a clean stop the supervisor sends
 SIGTERM, waits a grace period, then SIGKILLs what is left.
+
+A child its `on_exit` restarts is restarted after a delay that backs off (robotd.backoff):
+1 s, doubling to 30 s while it keeps dying young, back to 1 s once it has stayed up
+`stable_s` (the cap, by default). One that dies at once on every start (a bad device, a
+crash on import) is then restarted, and logged, every 30 s, not every second forever.
 """
 
 from __future__ import annotations
@@ -10,12 +15,14 @@ from __future__ import annotations
 import logging
 import os
 import sys
+import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 import anyio
 from anyio.abc import Process
 
+from robotd.backoff import FIRST_S, MAX_S, Backoff, ordinal
 from robotd.runtime.procutil import PARENT_ENV
 
 log = logging.getLogger("robotd.runtime.supervisor")
@@ -25,16 +32,33 @@ ExitHandler = Callable[["Child", int], Awaitable[bool]]
 
 @dataclass
 class Child:
-    """One supervised process: `argv` to start it, `on_exit` decides whether to restart."""
+    """One supervised process: `argv` to start it, `on_exit` decides whether to restart.
+    Restarts wait `restart_delay_s`, doubling to `restart_max_s` while the child keeps
+    exiting within `stable_s` of its start (None: `restart_max_s`)."""
 
     name: str
     argv: Sequence[str]
     on_exit: ExitHandler | None = None
     env: Mapping[str, str] = field(default_factory=dict)  # on top of this process's
-    restart_delay_s: float = 1.0
+    restart_delay_s: float = FIRST_S
+    restart_max_s: float = MAX_S
+    stable_s: float | None = None
     process: Process | None = None
     restarts: int = 0
+    started_at: float = 0.0  # monotonic, at the last spawn
     exited: anyio.Event = field(default_factory=anyio.Event)
+    backoff: Backoff = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.backoff = Backoff(self.restart_delay_s, self.restart_max_s)
+
+    def restart_delay(self, up_s: float) -> float:
+        """The wait before restarting a child that was up `up_s`: the backoff starts over
+        after a run that lasted."""
+        stable = self.restart_max_s if self.stable_s is None else self.stable_s
+        if up_s >= stable:
+            self.backoff.reset()
+        return self.backoff.next()
 
 
 class Supervisor:
@@ -57,20 +81,27 @@ class Supervisor:
             list(child.argv), stdin=None, stdout=None, stderr=None, env=env
         )
         child.exited = anyio.Event()
+        child.started_at = time.monotonic()
         log.debug("started %s (pid %d)", child.name, child.process.pid)
 
     async def _watch(self, child: Child) -> None:
         while True:
             assert child.process is not None
             code = await child.process.wait()
+            up_s = time.monotonic() - child.started_at
             child.exited.set()
             if self.stopping:
                 return
-            log.warning("%s exited with code %s", child.name, code)
             again = await child.on_exit(child, code) if child.on_exit else False
             if not again or self.stopping:
+                log.warning("%s exited with code %s after %.1f s", child.name, code, up_s)
                 return
-            await anyio.sleep(child.restart_delay_s)
+            delay = child.restart_delay(up_s)
+            log.warning(
+                "%s exited with code %s after %.1f s: restarting in %g s, %s restart in a row",
+                child.name, code, up_s, delay, ordinal(child.backoff.in_a_row),
+            )
+            await anyio.sleep(delay)
             if self.stopping:
                 return
             child.restarts += 1

@@ -15,6 +15,7 @@ import logging
 import time
 from typing import Any, Protocol
 
+from robotd.backoff import Backoff
 from robotd.worker import pipe
 from robotd.worker.child import EXIT_MEMORY
 from robotd.worker.death import Loss, describe_exit, oom_kills
@@ -62,7 +63,7 @@ class Copies:
         self.counts = {"copies_started": 0, "copies_lost": 0, "start_failures": 0}
         self.stopping = False
         self._ids = itertools.count(1)
-        self._backoff_s = 0.0
+        self._backoff = Backoff(max_s=BACKOFF_MAX_S)
         self._backoff_until = 0.0
         self._left: list[Runner] = []  # dropped runners not reaped yet
         self.due = 0.0  # monotonic time from which `check` has something to do
@@ -172,9 +173,9 @@ class Copies:
         if self.ready_message is None:
             self.fatal = why
             return
-        self._backoff_s = min(BACKOFF_MAX_S, max(1.0, 2 * self._backoff_s))
-        self._backoff_until = now + self._backoff_s
-        log.error("%s; trying again in %g s", text, self._backoff_s)
+        delay = self._backoff.next()
+        self._backoff_until = now + delay
+        log.error("%s; trying again in %g s", text, delay)
         if not any(s.state == "ready" for s in self.slots.values()):
             self.events.no_copy(text)
 
@@ -193,7 +194,7 @@ class Copies:
                 self._start_failed(slot, problem, now)
                 return
             slot.state, slot.ready_at, slot.last_used = "ready", now, now
-            self._backoff_s = 0.0
+            self._backoff.reset()
             self.sample(slot, now)
             log.info(
                 "copy %d (pid %s) ready in %.2f s", slot.id, slot.runner.pid, now - slot.started
