@@ -4,7 +4,10 @@
 camera's two frames (now and `lookback` steps ago), estimates the dot's velocity, predicts
 where the dot will be at each of the chunk's steps, and answers the joint angles that put
 the tip there (inverse kinematics of drivers.sim.geometry). Joints past the first two (the
-gripper, ...) keep their current value.
+gripper, ...) are not steered: they hold, for the whole episode, the value read at its first
+act, within the sim arm's stops (drivers.sim.arm; `lower`/`upper` to say others). A joint
+resting at a stop reads a little past it half the time (read noise): echoing each act's
+reading would have the shield clip every row of half the chunks, and walk the joint about.
 
 It reads the top camera as real policies do: 224 x 224, letterboxed, JPEG (`CAMERA`), so
 a frame costs a few kB on the wire instead of the 900 kB of a raw 640 x 480 one; the dot's
@@ -16,12 +19,16 @@ those rows as they are, then blends the offset between the prefix's last row and
 plan out over the next few rows (guided inpainting in its simplest honest form), removing
 at most `blend_step` of it per row: a small offset goes at once, a large one over as many
 rows as that bound needs, so no seam adds more than `blend_step` to one step of the
-robot's path.
+robot's path. The robot plays the prefix and then holds its last row (with no prefix: holds
+where it is) until the act's predicted delay has passed, so the answer keeps those rows too
+and blends from there: the episode's first chunk joins the arm where it rests rather than
+jumping to the dot.
 """
 
 from __future__ import annotations
 
 import math
+import numbers
 import time
 from typing import Any
 
@@ -29,11 +36,13 @@ import cv2
 import numpy as np
 
 from drivers.sim import geometry
+from drivers.sim.arm import GRIPPER_LOWER, GRIPPER_UPPER
 from robotd.contract import Actions, Camera, Observations, Stream
 
 # What a real policy declares: a small letterboxed JPEG, fitted and encoded robot-side.
 CAMERA = Camera(width=224, height=224, resize="pad", codec="jpeg", quality=90)
 JPEG_TOLERANCE = 60  # per channel around DOT_COLOUR: JPEG shifts colours near edges
+HOLD_KEY = "dotfollower.hold"  # Episode.state: the values the unsteered joints hold
 
 
 def _observations(lookback: int) -> Observations:
@@ -49,7 +58,10 @@ class DotFollower:
     the velocity is estimated from. colour_tolerance: per-channel slack around DOT_COLOUR
     (JPEG_TOLERANCE suits the declared JPEG camera; 0 matches raw frames exactly). rtc:
     take the frozen prefix and continue it (module doc); blend_step: the most of the seam's
-    offset the blend removes per row (joint units, > 0).
+    offset the blend removes per row (joint units, > 0). lower/upper: the joints' limits,
+    one value per joint each, as the robot config's (default: the sim arm's stops, 0..1 for
+    every joint past the arm); the joints it does not steer are held within them (the arm's
+    rows are its inverse kinematics, which the shield limits).
     """
 
     observations = _observations(3)
@@ -64,6 +76,8 @@ class DotFollower:
         colour_tolerance: int = JPEG_TOLERANCE,
         rtc: bool = True,
         blend_step: float = 0.03,
+        lower: list[float] | None = None,
+        upper: list[float] | None = None,
     ) -> None:
         if horizon < 1 or lookback < 1 or not hz > 0 or latency_ms < 0 or not blend_step > 0:
             raise ValueError(
@@ -71,6 +85,7 @@ class DotFollower:
                 f"and blend_step > 0 (got {horizon}, {lookback}, {hz}, {latency_ms}, "
                 f"{blend_step})"
             )
+        self.limits = _limits(lower, upper)
         self.latency_ms = float(latency_ms)
         self.horizon = int(horizon)
         self.hz = float(hz)
@@ -90,30 +105,48 @@ class DotFollower:
         rtc: dict[str, Any] | None = None,
     ) -> np.ndarray:
         """(horizon, D) joint targets, D = len(joints.pos) of the act's own step; with rtc,
-        the first rows are the frozen prefix, then a blend into the plan."""
-        rows = self._plan(inputs)
+        the first rows are the frozen prefix (and the hold after it), then a blend into the
+        plan."""
+        rows, pose = self._plan(inputs, episode)
         if self.rtc and rtc is not None:
-            return self.continue_prefix(rows, np.asarray(rtc.get("prefix", ())))
+            prefix = np.asarray(rtc.get("prefix") if rtc.get("prefix") is not None else ())
+            delay = rtc.get("delay")
+            delay = int(delay) if isinstance(delay, numbers.Integral) else 0
+            return self.continue_prefix(rows, prefix, delay=delay, pose=pose)
         return rows
 
-    def continue_prefix(self, plan: np.ndarray, prefix: np.ndarray) -> np.ndarray:
-        """`plan` with its first p rows replaced by the prefix (p x D) and the offset at the
-        seam (prefix[-1] − plan[p − 1]) blended out linearly over the fewest rows that
-        remove at most blend_step of it per row."""
-        if prefix.ndim != 2 or prefix.shape[0] == 0 or prefix.shape[1] != plan.shape[1]:
+    def continue_prefix(
+        self,
+        plan: np.ndarray,
+        prefix: np.ndarray,
+        *,
+        delay: int = 0,
+        pose: np.ndarray | None = None,
+    ) -> np.ndarray:
+        """`plan` with its first rows frozen and the offset at the seam blended out linearly
+        over the fewest rows that remove at most blend_step of it per row.
+
+        The frozen rows: the prefix (p x D), then its last row again up to `delay` rows (the
+        robot holds it until the answer lands); with no prefix, `pose` (where the robot
+        holds) for `delay` rows. The seam's offset is frozen[-1] − plan[f − 1]."""
+        seam = _frozen(prefix, plan.shape[1], delay, pose)
+        if seam is None:
             return plan
-        p = min(prefix.shape[0], plan.shape[0])
+        f = min(seam.shape[0], plan.shape[0])
         out = plan.copy()
-        out[:p] = prefix[:p]
-        offset = prefix[p - 1] - plan[p - 1]
+        out[:f] = seam[:f]
+        offset = seam[f - 1] - plan[f - 1]
         rows = math.ceil(float(np.abs(offset).max()) / self.blend_step - 1e-9) - 1
-        n = min(max(0, rows), plan.shape[0] - p)
+        n = min(max(0, rows), plan.shape[0] - f)
         fade = 1.0 - np.arange(1, n + 1) / (rows + 1)
-        out[p : p + n] += fade[:, None] * offset
+        out[f : f + n] += fade[:, None] * offset
         return out
 
-    def _plan(self, inputs: dict[str, Any]) -> np.ndarray:
-        """The plan from the act's window alone (what a non-rtc act answers)."""
+    def _plan(
+        self, inputs: dict[str, Any], episode: str | None = None
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """The plan from the act's window alone (what a non-rtc act answers), and the pose
+        the robot is taken to hold now (the arm joints as read, the others as held)."""
         if self.latency_ms:
             time.sleep(self.latency_ms / 1e3)
         observations, steps = _window(inputs)
@@ -121,15 +154,43 @@ class DotFollower:
         if "joints.pos" not in now:
             raise ValueError("DotFollower: the act's observation has no 'joints.pos'")
         q = np.asarray(now["joints.pos"], dtype=np.float64).reshape(-1)
+        lo, hi = self._bounds(q.size)
+        pose = q.copy()
+        pose[2:] = self._held(np.minimum(np.maximum(q[2:], lo), hi), episode)
         seen = [(s, self.find_dot(o["top"])) for s, o in zip(steps, observations) if "top" in o]
         seen = [(s, p) for s, p in seen if p is not None]
         if not seen or q.size < 2:
-            return np.tile(q, (self.horizon, 1))  # nothing to follow: hold the current pose
+            return np.tile(pose, (self.horizon, 1)), pose  # nothing to follow: hold the pose
         (s1, p1), (s0, p0) = seen[-1], seen[0]
         velocity = (p1 - p0) * self.hz / (s1 - s0) if s1 > s0 else np.zeros(2)
         # Row i is for step t + i; the newest dot position was seen at step s1 <= t.
         ahead = (steps[-1] - s1 + np.arange(self.horizon)) / self.hz
-        return self.plan(p1 + ahead[:, None] * velocity, q)
+        return self.plan(p1 + ahead[:, None] * velocity, pose), pose
+
+    def _bounds(self, dim: int) -> tuple[np.ndarray, np.ndarray]:
+        """The limits of the joints past the arm of a robot with `dim` joints: as given, or
+        the sim arm's stops for them."""
+        if self.limits is None:
+            extra = max(0, dim - 2)
+            return np.full(extra, GRIPPER_LOWER), np.full(extra, GRIPPER_UPPER)
+        lo, hi = self.limits
+        if lo.size != dim:
+            raise ValueError(
+                f"DotFollower: lower/upper hold {lo.size} values, the robot has {dim} joints"
+            )
+        return lo[2:], hi[2:]
+
+    @staticmethod
+    def _held(values: np.ndarray, episode: str | None) -> np.ndarray:
+        """What the joints past the arm hold: the values of the episode's first act (kept in
+        its state), so read noise is never chased act by act; `values` without one."""
+        state = getattr(episode, "state", None)
+        if not isinstance(state, dict):
+            return values
+        held = state.get(HOLD_KEY)
+        if not isinstance(held, np.ndarray) or held.shape != values.shape:
+            state[HOLD_KEY] = held = values.copy()
+        return held
 
     def find_dot(self, frame: Any) -> np.ndarray | None:
         """World position of the dot's centroid in a top-camera frame (HxWx3 uint8 RGB)."""
@@ -163,6 +224,36 @@ class DotFollower:
             prev = _nearest_branch(p, prev)
             rows[i, :2] = prev
         return rows
+
+
+def _limits(
+    lower: list[float] | None, upper: list[float] | None
+) -> tuple[np.ndarray, np.ndarray] | None:
+    """(lower, upper) as arrays, None for the sim arm's stops; ValueError unless both are
+    given (or neither), of one length, finite, with lower < upper."""
+    if lower is None and upper is None:
+        return None
+    if lower is None or upper is None or len(lower) != len(upper) or not lower:
+        raise ValueError("DotFollower: lower and upper go together, one value per joint each")
+    lo, hi = np.asarray(lower, dtype=np.float64), np.asarray(upper, dtype=np.float64)
+    if not (np.isfinite(lo).all() and np.isfinite(hi).all() and (lo < hi).all()):
+        raise ValueError("DotFollower: lower and upper must be finite, with lower < upper")
+    return lo, hi
+
+
+def _frozen(
+    prefix: np.ndarray, dim: int, delay: int, pose: np.ndarray | None
+) -> np.ndarray | None:
+    """The rows an rtc answer must keep: the prefix, then its last row (or, without one, the
+    pose) repeated up to `delay` rows; None when there is nothing to keep."""
+    if prefix.ndim == 2 and prefix.shape[0] > 0 and prefix.shape[1] == dim:
+        last = prefix[-1]
+    elif pose is not None and pose.shape == (dim,) and delay > 0:
+        prefix, last = np.empty((0, dim)), pose
+    else:
+        return None
+    hold = max(0, delay - prefix.shape[0])
+    return np.concatenate([prefix, np.tile(last, (hold, 1))]) if hold else prefix
 
 
 def _window(inputs: Any) -> tuple[list[dict[str, Any]], list[int]]:

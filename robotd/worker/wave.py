@@ -16,7 +16,8 @@ class Wave:
     """Rows for steps t … t + horizon − 1 of an act at step t.
 
     Joint j moves by A_j · sin(2π (s − s0) / (period_j · hz)) around its pose at the
-    episode's first act (step s0), so the first row is where the arm already is. A_j is
+    episode's first act (step s0), so the first row is where the arm already is (moved inside
+    the limits, when given, if the reading was past one). A_j is
     `amplitude`, shrunk so that the swing stays `margin` inside [lower_j, upper_j] when the
     limits are given; period_j grows by 15 % a joint so the joints do not move in step.
     """
@@ -62,11 +63,15 @@ class Wave:
             raise ValueError("Wave: the act's observation has no 'joints.pos'")
         q = np.asarray(now["joints.pos"], dtype=np.float64).reshape(-1)
         t = int(steps[-1]) if steps else 0
+        limited = self.lower is not None and self.upper is not None and self.lower.shape == q.shape
         if self._home is None or episode != self._episode or self._home.shape != q.shape:
-            self._home, self._s0, self._episode = q.copy(), t, episode
+            # A joint resting at its stop reads a little past it half the time (read noise):
+            # home inside the limits, or the shield would clip every row of the episode.
+            home = np.clip(q, self.lower, self.upper) if limited else q.copy()
+            self._home, self._s0, self._episode = home, t, episode
         home = self._home
         amp = np.full(q.shape, self.amplitude)
-        if self.lower is not None and self.upper is not None and self.lower.shape == q.shape:
+        if limited:
             room = np.minimum(home - self.lower, self.upper - home) - self.margin
             amp = np.clip(np.minimum(amp, room), 0.0, None)
         periods = self.period_s * (1 + 0.15 * np.arange(q.size)) * self.hz
