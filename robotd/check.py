@@ -119,7 +119,10 @@ def _unless_fallback(problem: str, options: OpenCVOptions, config_dir: Path) -> 
 def _url_problem(source: str, backend: str) -> str | None:
     from drivers.opencv.source import probe
 
-    url = urlsplit(source)
+    try:
+        url = urlsplit(source)
+    except ValueError as exc:  # an unclosed [IPv6] host: no URL at all (nothing to show)
+        return f"source: {_hidden(source)}: a malformed URL ({exc})"
     shown = _shown(source, url)
     scheme = url.scheme.lower()
     if any(c.isspace() for c in source):
@@ -138,6 +141,15 @@ def _url_problem(source: str, backend: str) -> str | None:
         need = "a host or a port" if scheme in LISTENING else "a host"
         return f"source: {shown}: no host in the URL ({scheme}:// needs {need})"
     return None
+
+
+def _hidden(source: str) -> str:
+    """A URL that cannot be parsed as an error shows it: what lies between its scheme and
+    the last @ (a user and password) replaced by ***."""
+    scheme, sep, rest = source.partition("://")
+    netloc, slash, path = rest.partition("/")
+    _user, at, host = netloc.rpartition("@")
+    return f"{scheme}{sep}***@{host}{slash}{path}" if at else source
 
 
 def _shown(source: str, url: SplitResult) -> str:

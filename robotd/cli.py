@@ -164,7 +164,10 @@ def _policy_kwargs(args: argparse.Namespace) -> dict:
         key, sep, value = item.partition("=")
         if not sep or not key:
             raise SystemExit(f"robotd serve: --arg {item!r}: expected KEY=VALUE")
-        kwargs[key] = _parse_value(value)
+        try:
+            kwargs[key] = _parse_value(value)
+        except ConfigError as exc:
+            raise SystemExit(f"robotd serve: --arg {key}: {exc}") from None
     return kwargs
 
 

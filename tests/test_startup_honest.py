@@ -102,3 +102,15 @@ def test_good_ports_still_pass(tmp_path: Path) -> None:
     ):
         out = _check(tmp_path, config, endpoint)
         assert out.returncode == 0, out.stderr
+
+
+@pytest.mark.parametrize(
+    "endpoint", ["tcp://[::1:5555", "stream+tcp://::1]:5555", "tcp://::1:5555"]
+)
+def test_a_bare_or_half_bracketed_ipv6_host_is_refused_at_load_not_at_connect(
+    tmp_path: Path, endpoint: str
+) -> None:
+    out = _check(tmp_path, "config/sim.toml", endpoint)
+    assert out.returncode == 2, out.stdout[-500:]
+    assert "an IPv6 address goes whole in brackets, [::1]" in out.stderr, out.stderr
+    assert "policy.worker" in out.stderr and "Traceback" not in out.stderr

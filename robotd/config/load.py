@@ -23,12 +23,14 @@ from pydantic import BaseModel, ValidationError
 
 from robotd.config.model import Config
 from robotd.config.overrides import (
+    TOO_DEEP,
     Origins,
     apply_override,
     blame,
     blame_keys,
     error_lines,
     non_finite,
+    too_deep,
 )
 from robotd.config.overrides import parse_value as _parse_value  # noqa: F401 (re-exported)
 from robotd.config.sections import CameraConfig, JointsConfig
@@ -70,6 +72,8 @@ def load_config(
         raw = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(f"{where}: not valid TOML: {exc}") from None
+    except RecursionError:  # the parser recurses once per nested array or inline table
+        raise ConfigError(f"{where}: not valid TOML: {TOO_DEEP}") from None
     return config_from_dict(raw, where=where, overrides=overrides)
 
 
@@ -79,10 +83,16 @@ def config_from_dict(
     """`raw` (a parsed TOML file) with its overrides applied, validated: ConfigError with
     one line per problem, every one found (the driver options against the joints and the
     tick timing are checked once the config itself is valid)."""
-    raw = copy.deepcopy(raw)
     origins: Origins = {}
+    deep = too_deep(raw)
+    if deep is not None:
+        raise ConfigError(f"{blame(where, deep, origins)}: {TOO_DEEP}")
+    raw = copy.deepcopy(raw)
     for assignment in overrides:
-        apply_override(raw, assignment, origins)
+        key = apply_override(raw, assignment, origins)
+        deep = too_deep(raw)
+        if deep is not None:
+            raise ConfigError(f"--set {key}: {deep}: {TOO_DEEP}")
     skip, problems = non_finite(raw, where, origins)
     cfg = None
     try:
@@ -136,8 +146,9 @@ def _check_driver_options(
             try:
                 check_joint_options(cls, cfg.joints.names, validated)
             except ValueError as exc:
+                # every such rule is about the joints: a --set of joints.names is to blame
                 at, why = _option_key(str(exc), validated)
-                problems.append(f"{blame(where, at, origins)}: {why}")
+                problems.append(f"{blame_keys(where, [at, 'joints.names'], origins)}: {why}")
     return joint_options, problems
 
 

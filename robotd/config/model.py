@@ -9,7 +9,7 @@ from collections.abc import Callable
 
 from pydantic import model_validator
 
-from robotd.config.problems import Problem, raise_any
+from robotd.config.problems import Problem, led, raise_any
 from robotd.config.sections import (
     HANG_MIN_S,
     MAX_AGE_MS,
@@ -69,7 +69,7 @@ class Config(_Model):
         problems += self._raised(self._check_contract)
         problems += self._check_patience()
         if self.policy.link == "openpi":
-            problems += self._raised(self._check_openpi)
+            problems += self._check_openpi()
         problems += self._check_camera_names()
         problems += self._check_rings()
         problems += self._check_frame_age()
@@ -90,10 +90,13 @@ class Config(_Model):
             return [((), str(exc))]
         return []
 
-    def _check_openpi(self) -> None:
+    def _check_openpi(self) -> list[Problem]:
+        """Every rule of the openpi link broken, each about its key and policy.link (a
+        --set that made the link openpi is to blame for what it brings into force)."""
         p = self.policy
         streams = (p.observations or {}).get("streams")
-        p.openpi.check(p.worker, list(self.cameras), len(self.joints.names), streams)
+        found = p.openpi.problems(p.worker, list(self.cameras), len(self.joints.names), streams)
+        return [led(text, "policy.link") for text in found]
 
     def _check_merge(self) -> list[Problem]:
         c = self.control

@@ -7,6 +7,7 @@ reported as such (not as "must be <= 2000") together with the config's other err
 
 from __future__ import annotations
 
+import datetime
 import math
 import re
 import tomllib
@@ -15,7 +16,7 @@ from typing import Any
 
 from pydantic_core import ErrorDetails
 
-from robotd.config.problems import Problems
+from robotd.config.problems import LEADING_KEY, Problems
 from robotd.errors import ConfigError, dotted, rule
 
 # Where a --set put something: the key it set, and each table it had to make on the way,
@@ -27,12 +28,36 @@ Origins = dict[str, str]
 FREE_FORM = ("policy.args",)
 
 
+# Tables and arrays nested deeper than this are no robot's config (the deepest robotd reads,
+# an openpi input's image, is 5 levels; a policy's args get the rest): past it, validating
+# (and the TOML parser itself) would exhaust Python's stack.
+MAX_DEPTH = 64
+TOO_DEEP = f"tables and arrays nested more than {MAX_DEPTH} deep"
+
+
 def parse_value(text: str) -> Any:
     """A --set value in TOML syntax; a bare word that is not TOML is taken as a string."""
     try:
         return tomllib.loads(f"v = {text}")["v"]
     except tomllib.TOMLDecodeError:
         return text
+    except RecursionError:
+        raise ConfigError(TOO_DEEP) from None
+
+
+def too_deep(raw: dict[str, Any]) -> str | None:
+    """The dotted key of the first value nested past MAX_DEPTH tables and arrays, else None
+    (walked without recursion: it guards what recurses)."""
+    stack: list[tuple[Any, str, int]] = [(raw, "", 0)]
+    while stack:
+        node, path, depth = stack.pop()
+        if depth > MAX_DEPTH:
+            return path if len(path) <= 80 else path[:77] + "..."
+        if isinstance(node, dict):
+            stack += [(v, f"{path}.{k}" if path else str(k), depth + 1) for k, v in node.items()]
+        elif isinstance(node, list):
+            stack += [(v, f"{path}[{i}]", depth + 1) for i, v in enumerate(node)]
+    return None
 
 
 def apply_override(raw: dict[str, Any], assignment: str, origins: Origins) -> str:
@@ -44,6 +69,11 @@ def apply_override(raw: dict[str, Any], assignment: str, origins: Origins) -> st
     parts = key.strip().split(".")
     if not all(parts):
         raise ConfigError(f"--set {assignment!r}: empty part in key path {key!r}")
+    if any("[" in part for part in parts):
+        raise ConfigError(
+            f"--set {key.strip()}: an array's entry cannot be set by its index; set the whole "
+            "array (e.g. joints.lower=[-1.0, -2.0])"
+        )
     full = ".".join(parts)
     node = raw
     for i, part in enumerate(parts[:-1]):
@@ -54,7 +84,10 @@ def apply_override(raw: dict[str, Any], assignment: str, origins: Origins) -> st
             where = ".".join(parts[: i + 1])
             raise ConfigError(f"--set {key}: {where} is a value, not a table")
         node = child
-    node[parts[-1]] = parse_value(text.strip())
+    try:
+        node[parts[-1]] = parse_value(text.strip())
+    except ConfigError as exc:
+        raise ConfigError(f"--set {full}: {exc}") from None
     origins[full] = full
     return full
 
@@ -93,9 +126,6 @@ def blame_keys(where: str, keys: Sequence[str], origins: Origins) -> str:
     return blame(where, keys[0], origins)
 
 
-# A rule's message that starts with the key it is about ("safety.x: needs ...", a
-# contract's "policy.observations.streams['top'].at: ...")
-_LEADING_KEY = re.compile(r"([A-Za-z_][\w\-]*(?:\.[\w\-]+|\[\d+\]|\['[^']*'\])*): ")
 
 # A value of the wrong kind (the loader validates strictly: nothing is converted), in words
 _KIND = {
@@ -103,7 +133,23 @@ _KIND = {
     "int_type": "must be an integer",
     "float_type": "must be a number",
     "string_type": "must be a string",
+    "list_type": "must be an array",
+    "dict_type": "must be a table",
+    "model_type": "must be a table",  # a section's model ("a valid dictionary or instance of")
 }
+
+
+def shown(value: Any) -> str:
+    """A value of the wrong kind as a message shows it: a TOML date or time as written, a
+    table or an array by its kind (not its whole contents), anything else by repr."""
+    if isinstance(value, (datetime.date, datetime.time)):  # a datetime is a date
+        return f"{value.isoformat()} (a TOML date or time)"
+    if isinstance(value, dict):
+        return "a table"
+    if isinstance(value, list):
+        tables = bool(value) and all(isinstance(v, dict) for v in value)
+        return "an array of tables" if tables else "an array"
+    return f"{value!r:.60}"
 
 
 def _join(at: str, key: str) -> str:
@@ -122,12 +168,12 @@ def _problems(err: ErrorDetails, at: str) -> list[tuple[tuple[str, ...], str]]:
         if kind == "finite_number":
             text = f"must be a finite number, got {err.get('input')!r:.60}"
         elif kind in _KIND:
-            text = f"{_KIND[kind]}, got {err.get('input')!r:.60}"
+            text = f"{_KIND[kind]}, got {shown(err.get('input'))}"
         whole = not at or isinstance(err.get("input"), dict)
         found = [((), text) if kind == "value_error" and whole else (("",), text)]
     out = []
     for keys, text in found:
-        lead = _LEADING_KEY.match(text) if not keys else None
+        lead = LEADING_KEY.match(text) if not keys else None
         if lead is not None:
             keys, text = (lead.group(1),), text[lead.end() :]
         out.append((tuple(_join(at, k) for k in keys or ("",)), text))

@@ -204,7 +204,8 @@ class JointsConfig(_Model):
                     problems.append(((f"lower[{i}]", f"upper[{i}]"), text))
         unknown = [g for g in self.grippers if g not in self.names]
         if unknown:
-            problems.append((("grippers",), f"{unknown} are not joint names {self.names}"))
+            text = f"{unknown} are not joint names {self.names}"
+            problems.append((("grippers", "names"), text))
         raise_any(problems)
         return self
 

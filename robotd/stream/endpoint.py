@@ -53,6 +53,9 @@ def parse(endpoint: str, *, bind: bool = False) -> StreamAddress:
         if not bind:
             raise EndpointError(f"{endpoint!r}: '*' is for binding; connect to a host")
         host = "0.0.0.0"
+    problem = _bracket_problem(endpoint, host)
+    if problem is not None:
+        raise EndpointError(problem)
     if host.startswith("[") and host.endswith("]"):
         return StreamAddress(socket.AF_INET6, (host[1:-1], number))
     return StreamAddress(socket.AF_INET, (host, number))
@@ -73,7 +76,19 @@ def port_problem(endpoint: str) -> str | None:
         return f"{endpoint!r}: port {port!r} is not a number"
     if not 1 <= int(port) <= 65535:
         return f"{endpoint!r}: port {int(port)} is out of range"
-    return None if host else f"{endpoint!r}: no host"
+    if not host:
+        return f"{endpoint!r}: no host"
+    return _bracket_problem(endpoint, host)
+
+
+def _bracket_problem(endpoint: str, host: str) -> str | None:
+    """An IPv6 host is written whole in brackets, [::1]; a bare or half-bracketed one ('::1',
+    '[::1') would only fail at connect time, far from the config that named it."""
+    bracketed = host.startswith("[") and host.endswith("]")
+    inner = host[1:-1] if bracketed else host
+    if "[" in inner or "]" in inner or (":" in inner and not bracketed):
+        return f"{endpoint!r}: host {host!r}: an IPv6 address goes whole in brackets, [::1]"
+    return None
 
 
 def ipc_file(endpoint: str) -> Path | None:

@@ -12,7 +12,15 @@ from collections.abc import Collection
 from typing import Annotated, Any, Literal
 from urllib.parse import urlsplit
 
-from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    SecretStr,
+    field_validator,
+    model_validator,
+)
 
 from robotd.stream.endpoint import port_problem
 
@@ -22,8 +30,37 @@ MAX_JOINTS = 1024
 MAX_INPUTS = 64
 MAX_ROWS = 10_000  # action rows one answer may hold
 
+
+def _selection_kind(value: Any) -> Any:
+    """A selection's kind and bounds in one rule (before the union, which would say what is
+    wrong once per member, under its member's name: joints.list[constrained-int][0])."""
+    if isinstance(value, str):
+        return value
+    if isinstance(value, list) and all(type(i) is int for i in value):
+        bad = [i for i in value if not 0 <= i < MAX_JOINTS]
+        if bad:
+            raise ValueError(f"indices must be 0..{MAX_JOINTS - 1}, got {bad}")
+        return value
+    raise ValueError(
+        f"must be a slice 'start:stop' or an array of indices (integers), got {value!r:.60}"
+    )
+
+
+def _server_key_kind(value: Any) -> Any:
+    """A server key is a string or an array of strings (one rule, as _selection_kind)."""
+    if isinstance(value, str) or (
+        isinstance(value, list) and all(isinstance(p, str) for p in value)
+    ):
+        return value
+    raise ValueError(f"must be a string or an array of strings, got {value!r:.60}")
+
+
+ServerKey = Annotated[str | list[str], BeforeValidator(_server_key_kind)]
+
 # A joint or column selection: a list of indices, or a "start:stop" slice.
-Selection = list[Annotated[int, Field(ge=0, lt=MAX_JOINTS)]] | str
+Selection = Annotated[
+    list[Annotated[int, Field(ge=0, lt=MAX_JOINTS)]] | str, BeforeValidator(_selection_kind)
+]
 
 
 class _Model(BaseModel):
@@ -78,7 +115,7 @@ class Input(_Model):
     path into nested maps, e.g. ["images", "cam_high"]) filled from `source` (a camera
     name, joints.pos, joints.vel, or task: the episode's task text)."""
 
-    key: str | list[str]
+    key: ServerKey
     source: str = Field(min_length=1)
     joints: Selection | None = None  # joint sources: which joints, in order (default all)
     dtype: Literal["float32", "float64"] = "float32"  # joint sources
@@ -140,7 +177,6 @@ class ActionsMap(_Model):
         return None if self.columns is None else parse_selection(self.columns)
 
 
-ServerKey = str | list[str]
 
 
 def _key_path(v: ServerKey | None) -> tuple[str, ...]:
@@ -217,42 +253,48 @@ class OpenpiOptions(_Model):
         joints: int,
         streams: Collection[str] | None = None,
     ) -> None:
-        """The rules that need the rest of the config: `worker` is ws:// or wss://, every
-        source exists (`cameras`, the joint sources, task) and is read by the declared
-        `streams` (None: no contract declared, every source is read), joint selections and
-        action columns fit `joints`. ValueError naming the key."""
-        scheme = urlsplit(worker).scheme if worker else ""
-        if scheme not in ("ws", "wss"):
-            raise ValueError(
-                f"policy.worker: the openpi link needs a ws:// or wss:// endpoint "
-                f"(e.g. ws://gpu-box:8000), got {worker!r}"
-            )
-        if port_problem(worker):
-            raise ValueError(f"policy.worker: {port_problem(worker)}")
+        """ValueError with every problem `problems` finds, one a line."""
+        found = self.problems(worker, cameras, joints, streams)
+        if found:
+            raise ValueError("\n".join(found))
+
+    def problems(
+        self,
+        worker: str,
+        cameras: Collection[str],
+        joints: int,
+        streams: Collection[str] | None = None,
+    ) -> list[str]:
+        """The rules that need the rest of the config, every one broken (``KEY: why``):
+        `worker` is ws:// or wss://, every source exists (`cameras`, the joint sources,
+        task) and is read by the declared `streams` (None: no contract declared, every
+        source is read), joint selections and action columns fit `joints`."""
+        found = _worker_problems(worker)
         if not self.inputs:
-            raise ValueError("policy.openpi.inputs: map at least one observation key")
+            found.append("policy.openpi.inputs: map at least one observation key")
         known = [*cameras, *JOINT_SOURCES, TASK]
         for n, inp in enumerate(self.inputs):
             where = f"policy.openpi.inputs[{n}]"
             if inp.source not in known:
-                raise ValueError(f"{where}.source: {inp.source!r} is not one of {known}")
-            if streams is not None and inp.source != TASK and inp.source not in streams:
-                raise ValueError(
+                found.append(f"{where}.source: {inp.source!r} is not one of {known}")
+            elif streams is not None and inp.source != TASK and inp.source not in streams:
+                found.append(
                     f"{where}.source: {inp.source!r} is not read by policy.observations "
                     f"(streams {sorted(streams)})"
                 )
             if inp.joints is not None:
                 worst = max(parse_selection(inp.joints))
                 if worst >= joints:
-                    raise ValueError(
+                    found.append(
                         f"{where}.joints: index {worst} is past the robot's {joints} joints"
                     )
         cols = self.actions.column_indices()
         if cols is not None and len(cols) != joints:
-            raise ValueError(
+            found.append(
                 f"policy.openpi.actions.columns: selects {len(cols)} columns for the "
                 f"robot's {joints} joints"
             )
+        return found
 
     def api_key_value(self, environ: dict[str, str] | Any) -> str:
         """The API key to send ("" for none); ValueError if api_key_env names an unset
@@ -266,3 +308,20 @@ class OpenpiOptions(_Model):
                 )
             return value
         return self.api_key.get_secret_value()
+
+
+def _worker_problems(worker: str) -> list[str]:
+    """policy.worker for the openpi link: a ws:// or wss:// URL (one urlsplit can parse: an
+    unclosed [IPv6] host is none) with a port in range."""
+    scheme = worker.partition("://")[0].lower() if "://" in worker else ""
+    if scheme not in ("ws", "wss"):
+        return [
+            f"policy.worker: the openpi link needs a ws:// or wss:// endpoint "
+            f"(e.g. ws://gpu-box:8000), got {worker!r}"
+        ]
+    try:
+        urlsplit(worker)
+    except ValueError as exc:
+        return [f"policy.worker: {worker!r} is not a URL ({exc})"]
+    problem = port_problem(worker)
+    return [] if problem is None else [f"policy.worker: {problem}"]
