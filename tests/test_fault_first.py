@@ -12,7 +12,7 @@ from robotd.config import load_config
 from robotd.control.episode import CommandRefused
 from robotd.control.kernel import Chunk, Kernel
 from robotd.operator.robotctl import ControlClient
-from robotd.operator.words import fault_words
+from robotd.operator.words import fault_words, is_estop
 from tests.daemon_util import Daemon
 from tests.lane_util import plain
 from tests.robotctl_util import robotctl
@@ -67,6 +67,19 @@ def test_estops_after_a_safety_fault_leave_the_safety_fault_shown() -> None:
     later = [e for e in rig.faults() if e.get("after") == "safety"]
     assert [e["detail"] for e in later] == ["reason A", "reason B", "reason C"]
     assert not rig.k.torque_on  # the e-stops still applied their category
+
+
+def test_an_estop_after_another_cause_still_marks_the_robot_e_stopped() -> None:
+    # watch's E-STOP tag: the fault shown is the safety fault, yet the robot is e-stopped
+    rig = Rig("safety.reject_run=2", "safety.estop_category=0")
+    _safety_fault(rig)
+    assert not is_estop({"fault": rig.shown()})
+    rig.k.command("estop", "pressed at the bench")
+    assert rig.shown()["cause"] == "safety" and is_estop({"fault": rig.shown()})
+    rig.k.command("clear_fault")
+    assert rig.shown() is None
+    rig.k.command("estop", "again")
+    assert is_estop({"fault": rig.shown()})
 
 
 def test_clear_fault_resets_the_first_cause_and_the_later_ones() -> None:

@@ -112,3 +112,44 @@ def test_the_backoff_doubles_to_its_cap_and_resets() -> None:
         Backoff(0.0, 1.0)
     assert [ordinal(n) for n in (1, 2, 3, 4, 11, 12, 13, 21, 22, 101, 111)] == [
         "1st", "2nd", "3rd", "4th", "11th", "12th", "13th", "21st", "22nd", "101st", "111th"]
+
+
+class _StopDuringRestart(Supervisor):
+    """stop_all running while open_process starts a restarted child: the window is an await
+    inside anyio, so the test puts stop_all there itself (a seam, not a mock: the processes
+    are real)."""
+
+    stopped = anyio.Event()
+
+    async def _spawn(self, child: Child) -> None:
+        if child.restarts:
+            await self.stop_all(grace_s=5.0)
+        await super()._spawn(child)
+        if child.restarts:
+            self.stopped.set()  # the restarted process is child.process from here on
+
+
+def test_a_child_restarted_while_the_supervisor_stops_is_stopped_too() -> None:
+    long_lived = [sys.executable, "-c", "import time; time.sleep(600)"]
+    child = Child("raced", QUICK, restart_delay_s=0.01, restart_max_s=0.01)
+
+    async def on_exit(c: Child, code: int) -> bool:
+        c.argv = long_lived  # the restart would live for ten minutes if nobody stopped it
+        return True
+
+    child.on_exit = on_exit
+
+    async def main() -> None:
+        async with anyio.create_task_group() as tg:
+            sup = _StopDuringRestart(tg)
+            await sup.start(child)
+            with anyio.fail_after(DEADLINE_S / 2):
+                await sup.stopped.wait()
+                assert child.process is not None
+                # stopped by the supervisor while it still runs, not left for ten minutes
+                await child.process.wait()
+                assert child.process.returncode is not None
+            tg.cancel_scope.cancel()
+
+    anyio.run(main)
+    assert child.argv == long_lived and child.restarts == 1

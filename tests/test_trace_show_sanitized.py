@@ -67,3 +67,19 @@ def test_the_json_keeps_where_it_was_sanitized(run, capsys):
     ops = [m["record"] for m in doc["timeline"] if m["topic"] == "/operator"]
     assert [o.get("sanitized") for o in ops] == [["/set/ok", "/set/bytes:6b6579"], None]
     assert ops[0]["args"] == {"set": {"ok": {"bytes": "001b5b324a"}, "bytes:6b6579": 1}}
+
+
+def test_show_json_is_strict_json_when_a_record_held_nan(tmp_path, capsys):
+    # a NaN in params set is recorded null + _nonfinite; show --json reads it back as NaN,
+    # which is no JSON: it must print null and name it, as the trace does
+    store = TraceStore(tmp_path / "runs", 1 << 30, CONFIG)
+    rec = Recorder(store, clock=lambda: 5_000, wall_offset_ns=10**18)
+    rec.operator("params", {"set": {"gain": float("nan"), "k": float("-inf")}}, None)
+    store.close()
+    assert store.run_dir is not None
+    text = _show(capsys, store.run_dir / "session.mcap", "--json")
+    def refuse(word: str) -> None:
+        raise ValueError(f"not JSON: {word}")
+    shown = json.loads(text, parse_constant=refuse)  # NaN, Infinity: refused
+    found = shown["_nonfinite"]
+    assert sorted(found.values()) == ["-inf", "nan"], found

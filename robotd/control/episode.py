@@ -50,6 +50,7 @@ class Fault:
     later: int = 0  # causes latched after the first
     latest_cause: str = ""
     latest_detail: str = ""
+    estop: bool = False  # an e-stop latched in this fault, first or later: it is shown as one
 
     @property
     def active(self) -> bool:
@@ -109,11 +110,13 @@ class EpisodeMachine:
         if self.state is not State.FAULT or f is None or f.cause == STARTUP:
             self.state = State.FAULT
             self.fault = Fault(cause, detail, {cause: detail} if active else {})
+            self.fault.estop = cause == "estop"
             return "entered"
         if cause in f.present:
             return "repeat"
         f.later += 1
         f.latest_cause, f.latest_detail = cause, detail
+        f.estop = f.estop or cause == "estop"
         if active:
             f.present[cause] = detail
         return "later"

@@ -76,7 +76,7 @@ class FaultLatch:
             return None
         present = next(iter(f.present), "")
         return Fault(f.cause, f.detail[:MAX_TEXT], f.active, f.later, f.latest_cause,
-                     f.latest_detail[:MAX_TEXT], present)
+                     f.latest_detail[:MAX_TEXT], present, f.estop)
 
     def clear(self) -> None:
         """clear_fault: into IDLE (CommandRefused while the cause is present), torque on,

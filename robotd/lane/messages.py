@@ -257,6 +257,7 @@ class Fault(msgspec.Struct, forbid_unknown_fields=True):
     latest_cause: Text = ""
     latest_detail: Text = ""
     present: Text = ""
+    estop: bool = False  # an e-stop latched in it, first or later (watch's E-STOP tag)
 
 
 class Status(_Msg, tag="state"):

@@ -68,8 +68,10 @@ def fault_words(fault: Any) -> str:
 
 
 def is_estop(state: Any) -> bool:
+    """The fault holds an e-stop, its first cause or a later one (the fault shown stays the
+    first cause: a safety fault, then an operator's e-stop, is still an e-stopped robot)."""
     fault = state.get("fault") if isinstance(state, dict) else None
-    return isinstance(fault, dict) and fault.get("cause") == "estop"
+    return isinstance(fault, dict) and (fault.get("cause") == "estop" or fault.get("estop") is True)
 
 
 def lane_words(state: Any) -> str:

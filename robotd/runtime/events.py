@@ -37,6 +37,19 @@ REPEATING = frozenset({"act_failed", "driver_error", "bad_chunk"})
 QUIET_S = 10.0
 
 
+def _repeat_key(ev: Event) -> str | None:
+    """The kind a repeating event is counted under, None for one logged every time. A fault's
+    first cause is always logged, and so is every later e-stop (each one someone pressed);
+    a later cause the lane latches by itself again and again (a flaky bus: a driver fault,
+    a good read, a driver fault...) is the same trouble going on, logged like driver_error."""
+    if ev.name in REPEATING:
+        return ev.name
+    detail = ev.detail
+    if ev.name == "fault" and "after" in detail and detail.get("cause") != "estop":
+        return f"fault:{detail.get('cause')}"
+    return None
+
+
 class EventLog:
     """Logs each event (warnings for trouble, info for the rest; a repeating kind at most
     every QUIET_S, with its count) and acts on the few that concern the main process."""
@@ -56,13 +69,14 @@ class EventLog:
 
     def on_event(self, ev: Event) -> None:
         level = logging.WARNING if ev.name in WARNINGS else logging.INFO
-        if ev.name in REPEATING:
+        key = _repeat_key(ev)
+        if key is not None:
             now = time.monotonic()
-            last, more = self._quiet.get(ev.name, (-QUIET_S, 0))
+            last, more = self._quiet.get(key, (-QUIET_S, 0))
             if now - last < QUIET_S:
-                self._quiet[ev.name] = (last, more + 1)
+                self._quiet[key] = (last, more + 1)
             else:
-                self._quiet[ev.name] = (now, 0)
+                self._quiet[key] = (now, 0)
                 extra = f" (+{more} more in the last {now - last:.0f} s)" if more else ""
                 log.log(level, "%s %s%s", ev.name, ev.detail, extra)
         else:

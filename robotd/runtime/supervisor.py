@@ -68,6 +68,7 @@ class Supervisor:
         self._tg = tg
         self.children: dict[str, Child] = {}
         self.stopping = False
+        self.grace_s = 5.0  # stop_all's, for a child whose restart it raced
 
     async def start(self, child: Child) -> Child:
         self.children[child.name] = child
@@ -106,10 +107,16 @@ class Supervisor:
                 return
             child.restarts += 1
             await self._spawn(child)
+            if self.stopping:
+                # stop_all ran while open_process was starting it: it was not among the
+                # children it stopped, so this one is stopped here
+                await self._stop_one(child, self.grace_s)
+                return
 
     async def stop_all(self, grace_s: float = 5.0, first: Sequence[str] = ()) -> None:
         """SIGTERM every child (those named in `first` before the rest), SIGKILL after grace_s."""
         self.stopping = True
+        self.grace_s = grace_s
         order = [c for n in first if (c := self.children.get(n))] + [
             c for n, c in self.children.items() if n not in first
         ]

@@ -64,6 +64,22 @@ def _strip_nonfinite(node: Any, path: str, found: dict[str, str]) -> Any:
     return node
 
 
+def strict_json(value: Any) -> str:
+    """`value` as strict JSON text (what `json.loads` of any language takes): a non-finite
+    float is written null and named in the top-level object's `_nonfinite`, as records are;
+    a value JSON has no form for is written as its str()."""
+    try:
+        return json.dumps(value, default=str, allow_nan=False)
+    except ValueError as exc:
+        if "Out of range float" not in str(exc):
+            raise
+    found: dict[str, str] = {}
+    plain = _strip_nonfinite(json.loads(json.dumps(value, default=str)), "", found)
+    if isinstance(plain, dict):
+        plain[NONFINITE] = found
+    return json.dumps(plain, allow_nan=False)
+
+
 def encode(record: Any) -> bytes:
     """A record (a mapping, or a struct/dataclass) as compact JSON bytes. Raises TypeError
     for a value JSON cannot hold and ValueError for a record that is not an object."""

@@ -3,7 +3,7 @@
 By default runs of ticks in the same state (moving, held, a shield intervention, an
 invalid observation, skipped) and runs of one camera's frames are folded into one line;
 ``--all`` prints every record. ``--json`` prints one JSON object (frames without their
-image bytes).
+image bytes). Control characters in what a record holds are printed as escapes (``\\x1b``).
 """
 
 from __future__ import annotations
@@ -15,6 +15,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from robotd.operator.words import printable
+from robotd.trace.codec import strict_json
 from robotd.trace.reader import TraceError, TraceMessage, TraceReader
 from robotd.trace.schemas import START_STATE, TICK, is_camera_topic
 
@@ -155,7 +157,7 @@ def main(argv: list[str] | None = None) -> int:
     reader = TraceReader(args.episode)
     try:
         if args.json:
-            print(json.dumps(_json(reader), default=str))
+            print(strict_json(_json(reader)))  # NaN is no JSON: null, named in _nonfinite
             return 0
         messages = reader.messages()
         lines = ((m.log_time, _one(m)) for m in messages) if args.all else _fold(messages)
@@ -163,8 +165,11 @@ def main(argv: list[str] | None = None) -> int:
     except TraceError as exc:
         print(f"robotd trace show: {exc}", file=sys.stderr)
         return 2
-    print("\n".join(_header(reader)))
+    # What a record holds is the writer's, not ours (a client's text in an error message, a
+    # file from elsewhere): nothing in it may drive the terminal, so control characters are
+    # shown as escapes.
+    print("\n".join(printable(line) for line in _header(reader)))
     t0 = min((t for t, _ in body), default=0)
     for t, text in body:
-        print(f"  {(t - t0) / 1e9:+10.3f}s  {text}")
+        print(f"  {(t - t0) / 1e9:+10.3f}s  {printable(text)}")
     return 0

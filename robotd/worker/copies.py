@@ -4,14 +4,18 @@
 copy that ended (its pidfd, or its exit status), one that hangs (a call unanswered past its
 deadline: killed), one that never became ready (killed after start_s), samples each copy's
 memory, and starts a new copy for each one gone, backing off (1 s doubling to 30 s) after a
-copy that could not start. What a lost copy means for its episode is the caller's
-(`CopyEvents`). Single-threaded: called from the worker's poll loop.
+copy that could not start or was lost within STABLE_S of becoming ready (a policy that
+crashes on every act is restarted ever more rarely, not as fast as copies can start); the
+backoff starts over once STABLE_S passed without such a failure, and a copy lost after
+serving that long is replaced at once. What a lost copy means for its episode is the
+caller's (`CopyEvents`). Single-threaded: called from the worker's poll loop.
 """
 
 from __future__ import annotations
 
 import itertools
 import logging
+import math
 import time
 from typing import Any, Protocol
 
@@ -27,6 +31,7 @@ log = logging.getLogger("robotd.worker")
 
 SAMPLE_S = 0.25  # how often each copy's memory is read
 BACKOFF_MAX_S = 30.0  # between attempts to start a copy after one failed to start
+STABLE_S = 30.0  # a copy ready this long went well; failures further apart start over
 _SAME = ("policy", "contract", "params")  # what every copy must declare alike
 
 
@@ -65,6 +70,7 @@ class Copies:
         self._ids = itertools.count(1)
         self._backoff = Backoff(max_s=BACKOFF_MAX_S)
         self._backoff_until = 0.0
+        self._failed_at = -math.inf  # monotonic, the last start failure or young loss
         self._left: list[Runner] = []  # dropped runners not reaped yet
         self.due = 0.0  # monotonic time from which `check` has something to do
         self.generation = 0  # changes whenever a copy is added or dropped
@@ -155,8 +161,23 @@ class Copies:
             return
         self._drop(slot)
         self.counts["copies_lost"] += 1
+        up = now - (slot.ready_at if slot.ready_at is not None else slot.started)
+        if up < STABLE_S:  # lost young: the next may well go the same way
+            delay = self._failed(now)
+            log.warning("copy %d (pid %s) lost %.1f s after it was ready: the next starts in %g s",
+                        slot.id, slot.runner.pid, up, delay)
         self.events.copy_lost(slot, loss, now)
         self._spawn_missing(now)
+
+    def _failed(self, now: float) -> float:
+        """A start failure or a young loss at `now`: the wait before the next copy starts
+        (the backoff over again when the last failure is STABLE_S of running behind us)."""
+        if now - self._failed_at >= STABLE_S + self._backoff.delay_s:
+            self._backoff.reset()
+        self._failed_at = now
+        delay = self._backoff.next()
+        self._backoff_until = now + delay
+        return delay
 
     def _drop(self, slot: Slot) -> None:
         self.slots.pop(slot.identity, None)
@@ -173,8 +194,7 @@ class Copies:
         if self.ready_message is None:
             self.fatal = why
             return
-        delay = self._backoff.next()
-        self._backoff_until = now + delay
+        delay = self._failed(now)
         log.error("%s; trying again in %g s", text, delay)
         if not any(s.state == "ready" for s in self.slots.values()):
             self.events.no_copy(text)
@@ -194,7 +214,6 @@ class Copies:
                 self._start_failed(slot, problem, now)
                 return
             slot.state, slot.ready_at, slot.last_used = "ready", now, now
-            self._backoff.reset()
             self.sample(slot, now)
             log.info(
                 "copy %d (pid %s) ready in %.2f s", slot.id, slot.runner.pid, now - slot.started
