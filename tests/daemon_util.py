@@ -54,7 +54,9 @@ class Daemon:
             start_new_session=True,
         )
         Daemon.started.append(self)
-        self.lines: queue.Queue[str] = queue.Queue()
+        # each line with when this thread read it (monotonic): the reader blocks on the pipe,
+        # so that is when the line was written, whenever the test gets round to it
+        self.lines: queue.Queue[tuple[str, float]] = queue.Queue()
         self.log: list[str] = []
         threading.Thread(target=self._read, daemon=True).start()
 
@@ -62,10 +64,14 @@ class Daemon:
         assert self.proc.stderr is not None
         for line in self.proc.stderr:
             self.log.append(line)
-            self.lines.put(line)
-        self.lines.put("")  # EOF marker
+            self.lines.put((line, time.monotonic()))
+        self.lines.put(("", time.monotonic()))  # EOF marker
 
     def wait_line(self, pattern: str, timeout: float = 30.0) -> str:
+        return self.wait_line_at(pattern, timeout)[0]
+
+    def wait_line_at(self, pattern: str, timeout: float = 30.0) -> tuple[str, float]:
+        """The next line matching `pattern`, and when it was read off the pipe."""
         rx = re.compile(pattern)
         deadline = time.monotonic() + timeout
         while True:
@@ -75,7 +81,7 @@ class Daemon:
                     f"no line matching {pattern!r} within {timeout} s:\n" + "".join(self.log[-40:])
                 )
             try:
-                line = self.lines.get(timeout=left)
+                line, at = self.lines.get(timeout=left)
             except queue.Empty:
                 continue
             if line == "":
@@ -83,7 +89,7 @@ class Daemon:
                     f"daemon exited before {pattern!r}:\n" + "".join(self.log[-40:])
                 )
             if rx.search(line):
-                return line
+                return line, at
 
     def wait_eof(self, timeout: float = 30.0) -> list[str]:
         """The whole log, once every process writing to it has closed it (the daemon's
@@ -94,7 +100,7 @@ class Daemon:
             if left <= 0:
                 raise AssertionError("the log stayed open:\n" + "".join(self.log[-40:]))
             try:
-                if self.lines.get(timeout=left) == "":
+                if self.lines.get(timeout=left)[0] == "":
                     return list(self.log)
             except queue.Empty:
                 continue

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import os
 import signal
-import time
 
 import numpy as np
 import pytest
@@ -79,10 +78,11 @@ def test_sigkill_of_main_the_lane_holds_then_estops_exits_and_leaves_nothing(tmp
     assert len(processes_mentioning(str(d.dir))) >= 2  # control and worker carry the run dir
     d.signal(signal.SIGKILL)
     d.wait_exit()
-    d.wait_line(r"control: the main process is gone: holding 1.5 s")  # its stderr is ours
-    gone = time.monotonic()
-    d.wait_line(r"control: the e-stop is applied \(torque off\): the control lane exits")
-    assert time.monotonic() - gone >= 1.4  # it held (in FAULT) before the e-stop
+    # its stderr is ours; the lines' times are when they were written, not when read here
+    _, gone = d.wait_line_at(r"control: the main process is gone: holding 1.5 s")
+    estop = r"control: the e-stop is applied \(torque off\): the control lane exits"
+    _, stopped = d.wait_line_at(estop)
+    assert stopped - gone >= 1.4  # it held (in FAULT) before the e-stop
 
     def all_dead() -> bool:
         return not processes_mentioning(str(d.dir)) and not processes_mentioning(

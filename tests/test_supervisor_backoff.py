@@ -153,3 +153,25 @@ def test_a_child_restarted_while_the_supervisor_stops_is_stopped_too() -> None:
 
     anyio.run(main)
     assert child.argv == long_lived and child.restarts == 1
+
+
+def test_an_exit_is_one_line_saying_what_it_means_and_what_comes_next(caplog) -> None:
+    # what the handler says the exit means goes in the supervisor's one line (an error),
+    # not in a second line of its own
+    caplog.set_level(logging.WARNING, LOG)
+    exits = Exits(stop_after=2)
+
+    async def on_exit(child: Child, code: int) -> bool:
+        child.said = "its frames go stale, no act is asked"
+        return await exits.on_exit(child, code)
+
+    child = Child("camera:top", QUICK, on_exit, restart_delay_s=0.05, restart_max_s=0.4)
+    anyio.run(_supervise, child, exits)
+    records = [r for r in caplog.records if r.name == LOG]
+    assert [r.getMessage().split(" after ")[0] for r in records] == [
+        "camera:top exited with code 3"] * 2, [r.getMessage() for r in records]
+    first, last = (r.getMessage() for r in records)
+    assert first.endswith(": its frames go stale, no act is asked; restarting in 0.05 s, 1st "
+                          "restart in a row"), first
+    assert last.endswith(": its frames go stale, no act is asked"), last  # not restarted
+    assert {r.levelno for r in records} == {logging.ERROR}

@@ -11,7 +11,6 @@ locks every page it touches.
 from __future__ import annotations
 
 import json
-import logging
 import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -23,8 +22,6 @@ import msgspec
 from robotd.config import Config
 from robotd.runtime.supervisor import Child, Supervisor, python_module
 from robotd.shm import SHM_DIR, FrameRing, ring_slots, unlink_prefix
-
-log = logging.getLogger("robotd")
 
 SHM_PREFIX = "robotd-"
 ONE_BLAS_THREAD = {"OPENBLAS_NUM_THREADS": "1", "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
@@ -183,22 +180,18 @@ class Children:
         return child is not None and child.process is not None and child.process.returncode is None
 
     async def _control_exit(self, child: Child, code: int) -> bool:
-        log.error("the control process exited (code %s): stopping", code)
+        child.said = "the control lane is gone: stopping"
         self._on_control_exit(code)
         return False
 
     async def _camera_exit(self, child: Child, code: int) -> bool:
-        log.error(
-            "%s exited (code %s): its frames go stale, no act is asked; restarting",
-            child.name,
-            code,
-        )
+        child.said = "its frames go stale, no act is asked"
         return True
 
     async def _worker_exit(self, child: Child, code: int) -> bool:
         if not self._served():
             self.worker_failed = f"the local policy worker exited with code {code} before it served"
             return False
-        log.error("the local policy worker exited (code %s): restarting it", code)
+        child.said = "the local policy worker is gone, the robot holds"
         self._on_worker_lost(f"local worker exited with code {code}")
         return True

@@ -46,6 +46,7 @@ class Child:
     process: Process | None = None
     restarts: int = 0
     started_at: float = 0.0  # monotonic, at the last spawn
+    said: str = ""  # on_exit's words for what this exit means, logged with it
     exited: anyio.Event = field(default_factory=anyio.Event)
     backoff: Backoff = field(init=False)
 
@@ -93,14 +94,21 @@ class Supervisor:
             child.exited.set()
             if self.stopping:
                 return
+            child.said = ""
             again = await child.on_exit(child, code) if child.on_exit else False
+            # one line per exit: what it means (the handler's `said`), then what comes next
+            level = logging.ERROR if child.said else logging.WARNING
+            said = f": {child.said}" if child.said else ""
             if not again or self.stopping:
-                log.warning("%s exited with code %s after %.1f s", child.name, code, up_s)
+                log.log(level, "%s exited with code %s after %.1f s%s", child.name, code, up_s,
+                        said)
                 return
             delay = child.restart_delay(up_s)
-            log.warning(
-                "%s exited with code %s after %.1f s: restarting in %g s, %s restart in a row",
-                child.name, code, up_s, delay, ordinal(child.backoff.in_a_row),
+            log.log(
+                level,
+                "%s exited with code %s after %.1f s%s restarting in %g s, %s restart in a row",
+                child.name, code, up_s, f"{said};" if said else ":", delay,
+                ordinal(child.backoff.in_a_row),
             )
             await anyio.sleep(delay)
             if self.stopping:
