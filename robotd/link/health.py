@@ -16,7 +16,8 @@ BACKOFF_FIRST_S = 0.2
 
 class LinkHealth:
     """`up()` and `gone(reason)` move between the states; `retry_delay()` is the capped
-    exponential backoff between reconnect attempts; `failed(reason)` notes an attempt that
+    exponential backoff between reconnect attempts, kept across reconnects until `served()`
+    (an act answered and merged) starts it over; `failed(reason)` notes an attempt that
     did not connect (logged only when its reason changes)."""
 
     def __init__(self, backoff_max_s: float, clock: Callable[[], float] = time.monotonic):
@@ -42,10 +43,16 @@ class LinkHealth:
         if self.state == "gone":
             self.gone_total_s += away
             self.reconnects += 1
+        # the backoff is not reset here: a server that takes the connection and then fails
+        # every act would be reconnected to twice a second forever; `served` resets it
         self.state, self.reason, self.since = "up", "", now
-        self._delay = BACKOFF_FIRST_S
         self._last_failure = ""
         return away
+
+    def served(self) -> None:
+        """An act's answer was merged: the link works, so the next loss backs off from the
+        start again."""
+        self._delay = BACKOFF_FIRST_S
 
     def gone(self, reason: str) -> bool:
         """The worker is gone or unusable; True when this is news (it was up)."""

@@ -304,6 +304,7 @@ class PolicySession:
         return self.link.link if self.link is not None else None
 
     def on_merged(self, msg: Merged) -> None:
+        self.health.served()
         if self.link is not None and self.link.uplink is not None:
             self.link.uplink.on_chunk(msg)
 

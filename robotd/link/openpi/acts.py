@@ -89,6 +89,7 @@ class OpenpiActs:
         self.counters = counters
         self.limits = ChunkLimits(cfg.policy.max_chunk_rows, len(cfg.joints.names))
         self._prev_act: dict[str, int] = {}
+        self._last_text = ""  # the server's last traceback logged in full
         self.tap: FrameTap | None = None  # told the frames each act read (the trace)
         self.stopping = False  # set as the daemon stops: acts cut short are not errors
 
@@ -123,9 +124,7 @@ class OpenpiActs:
             rows = prepare(answer.rows, self.actions, self.cfg.control.hz, self.limits)
         except (ServerError, ConnectionLost, ActTimeout) as exc:
             self._settle(a)
-            text = getattr(exc, "text", "") or ""
-            if text:
-                log.error("openpi server failed the act at step %d:\n%s", a.step, text[:4000])
+            self._log_server_text(a.step, getattr(exc, "text", "") or "")
             self.on_lost(f"{type(exc).__name__}: {exc.message}")
             return
         except (BadReply, RequestError, CodecError, ChunkRefused) as exc:
@@ -142,6 +141,17 @@ class OpenpiActs:
         if answer.infer_ms is not None:
             self.counters.infer_ms.add(answer.infer_ms)
         self.send_down(ChunkRows(a.id, a.wep, a.step, Rows.of(rows)))
+
+    def _log_server_text(self, step: int, text: str) -> None:
+        """The server's traceback in full the first time; a failure that repeats it (a
+        config mistake fails every act, reconnect after reconnect) is one line."""
+        if not text:
+            return
+        if text == self._last_text:
+            log.error("openpi server failed the act at step %d (the same traceback)", step)
+            return
+        self._last_text = text
+        log.error("openpi server failed the act at step %d:\n%s", step, text[:4000])
 
     def _settle(self, a: _Act) -> None:
         """An act that got no answer: the next window counts from the act before it."""

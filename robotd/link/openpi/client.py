@@ -61,6 +61,9 @@ log = logging.getLogger("robotd.link.openpi")
 MAX_SERVER_TEXT = 64 << 10  # characters of a server's traceback kept
 CLOSE_TIMEOUT_S = 2.0  # a graceful close waits this long for the server's close frame
 INTERNAL_ERROR = 1011
+# Frames websockets queues unread before it stops reading the socket (its default, 16,
+# lets a server that floods frames between acts park 16 x max_reply_bytes in memory).
+MAX_QUEUED_FRAMES = 2
 
 
 @dataclass(frozen=True)
@@ -171,6 +174,7 @@ class OpenpiLink:
             self.endpoint.url,
             compression=None,
             max_size=self.options.max_reply_bytes,
+            max_queue=MAX_QUEUED_FRAMES,
             additional_headers=self._headers,
             user_agent_header="robotd",
             proxy=None,
@@ -202,6 +206,7 @@ class OpenpiLink:
         with anyio.move_on_after(timeout_s) as scope:
             async with self._lock:
                 conn = self._require_conn()
+                self._require_in_step(conn)
                 frame = await self._exchange(conn, payload)
         if scope.cancelled_caught:
             reason = f"no reply within {timeout_s:g} s; connection closed"
@@ -219,6 +224,18 @@ class OpenpiLink:
             raise self._bad(f"reply: not a map but {type(reply).__name__}")
         self._state = replace(self._state, acts=self._state.acts + 1)
         return reply
+
+    def _require_in_step(self, conn: ClientConnection) -> None:
+        """Refuse to send while a frame nobody asked for waits (a duplicated or extra
+        reply): the next reply read would answer an older request. The connection is
+        dropped, so replies and requests pair up again on the next one."""
+        if _pending_frames(conn):
+            reason = (
+                "the server sent a frame no request asked for (a duplicated or extra "
+                "reply); connection closed"
+            )
+            self._failed(reason)
+            raise ConnectionLost(f"{self.endpoint.url}: {reason}")
 
     async def _exchange(self, conn: ClientConnection, payload: bytes) -> str | bytes:
         try:
@@ -277,6 +294,15 @@ class OpenpiLink:
             reconnecting_since=was.reconnecting_since or time.time(),
             last_error=was.last_error if reason is None else reason,
         )
+
+
+def _pending_frames(conn: ClientConnection) -> int:
+    """Frames received and not yet read (websockets' assembler queue; 0 if it moved)."""
+    frames = getattr(getattr(conn, "recv_messages", None), "frames", None)
+    try:
+        return len(frames) if frames is not None else 0
+    except TypeError:
+        return 0
 
 
 def _abort(conn: ClientConnection) -> None:

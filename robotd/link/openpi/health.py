@@ -45,8 +45,13 @@ class Endpoint:
 
 
 def tls_context(ca_file: str) -> ssl.SSLContext:
-    """A verifying client context: the system's CAs, or `ca_file`'s."""
-    return ssl.create_default_context(cafile=ca_file or None)
+    """A verifying client context: the system's CAs, or `ca_file`'s; ValueError naming
+    policy.openpi.ca_file when that file is missing, unreadable or holds no certificate."""
+    try:
+        return ssl.create_default_context(cafile=ca_file or None)
+    except (OSError, ssl.SSLError) as exc:  # FileNotFoundError, PermissionError, bad PEM
+        why = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
+        raise ValueError(f"policy.openpi.ca_file {ca_file!r}: {why}"[:500]) from None
 
 
 def _get(

@@ -177,8 +177,6 @@ class ActionsMap(_Model):
         return None if self.columns is None else parse_selection(self.columns)
 
 
-
-
 def _key_path(v: ServerKey | None) -> tuple[str, ...]:
     return () if v is None else (v,) if isinstance(v, str) else tuple(v)
 

@@ -34,6 +34,7 @@ class Session(Protocol):
 
     def worker_gone(self, reason: str) -> None: ...
 
+
 log = logging.getLogger("robotd.link.openpi")
 
 CONNECT_DEADLINE_S = 30.0
