@@ -36,6 +36,7 @@ class EpisodeData:
     held: np.ndarray  # (T,) bool
     cameras: list[str] = field(default_factory=list)
     outcome: str | None = None
+    cause: str = ""  # a fault's cause (estop, driver, ...), "" for none
     verdict: dict[str, Any] | None = None
     note: str = ""  # the reader's word on a file that was not closed cleanly
 
@@ -103,12 +104,13 @@ def load_episode(path: Path) -> EpisodeData:
     return EpisodeData(
         path=path,
         meta=reader.episode,
-        state=np.asarray(states, dtype=np.float64).reshape(-1, j),
-        action=np.asarray(actions, dtype=np.float64).reshape(-1, j),
+        state=np.asarray(states, dtype=np.float64).reshape(len(states), j),
+        action=np.asarray(actions, dtype=np.float64).reshape(len(actions), j),
         log_time=np.asarray(times, dtype=np.int64),
         held=np.asarray(held, dtype=bool),
         cameras=cameras,
         outcome=_text(side.get("outcome") or end.get("outcome")),
+        cause=_text(side.get("cause") or end.get("cause")) or "",
         verdict=_verdict(side.get("verdict") if side.get("verdict") is not None
                          else end.get("verdict")),
         note="" if reader.status.complete else reader.status.message,

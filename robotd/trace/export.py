@@ -54,9 +54,21 @@ def _fps(ep: EpisodeData) -> int:
     return round(rate)
 
 
+def _empty(path: Path) -> bool:
+    """A file shorter than MCAP's 8-byte magic: created, nothing of it ever flushed."""
+    try:
+        return path.stat().st_size < 8
+    except OSError:
+        return False
+
+
 def load_all(paths: list[Path]) -> list[EpisodeData]:
     episodes = []
     for path in paths:
+        if _empty(path):
+            log.warning("export: %s: empty (its writer stopped before the first flush); "
+                        "left out", path)
+            continue
         try:
             ep = load_episode(path)
         except (TraceError, EpisodeDataError) as exc:

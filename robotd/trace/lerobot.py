@@ -14,7 +14,7 @@ The layout (LeRobot's ``datasets/utils.py`` and its v3 documentation):
 
 Here every episode gets its own data file and video file (file index = episode index, a
 new chunk every 1000): the layout allows it, and LeRobot finds them through the
-episodes table. robotd adds its own columns to that table: ``robotd/outcome``,
+episodes table. robotd adds its own columns to that table: ``robotd/outcome``, ``robotd/cause``,
 ``robotd/success``, ``robotd/notes``, ``robotd/run``, ``robotd/episode``.
 """
 
@@ -175,6 +175,7 @@ class DatasetWriter:
         success = verdict.get("success")
         row |= {
             "robotd/outcome": ep.outcome,
+            "robotd/cause": ep.cause,
             "robotd/success": success if isinstance(success, bool) else None,
             "robotd/notes": str(verdict.get("notes") or ""),
             "robotd/run": str(ep.meta.get("run") or ""),

@@ -14,7 +14,15 @@ from typing import Any
 
 from robotd.trace.options import TraceOptions, trace_root
 from robotd.trace.reader import TraceError, TraceReader
-from robotd.trace.rundir import RunEntry, episode_files, in_use, list_runs, read_json, tree_bytes
+from robotd.trace.rundir import (
+    RUN_JSON,
+    RunEntry,
+    episode_files,
+    in_use,
+    list_runs,
+    read_json,
+    tree_bytes,
+)
 from robotd.trace.schemas import TICK
 
 
@@ -75,7 +83,10 @@ def _print(runs: list[dict[str, Any]]) -> None:
         print(f"{r['run']}  {r['host']!s}  started {r['started']!s}  {_mib(r['bytes'])}  {state}")
         for e in r["episodes"]:
             ticks, dur = e.get("ticks", "?"), e.get("duration_s", "?")
-            line = (f"  episode {e.get('episode', '?')!s:>4}  {e.get('outcome') or '-'!s:<14}"
+            outcome = e.get("outcome") or "-"
+            if e.get("cause"):
+                outcome = f"{outcome}:{e['cause']}"
+            line = (f"  episode {e.get('episode', '?')!s:>4}  {outcome!s:<14}"
                     f" {_verdict(e.get('verdict')):<20} {ticks!s:>6} ticks  {dur!s:>8} s")
             if e.get("task"):
                 line += f"  {e['task']!r}"
@@ -96,7 +107,10 @@ def main(argv: list[str] | None = None) -> int:
     if not root.is_dir():
         print(f"robotd trace ls: {root}: no such directory", file=sys.stderr)
         return 2
-    runs = [run_summary(r) for r in list_runs(root)]
+    entries = list_runs(root)
+    if not entries and (root / RUN_JSON).is_file():  # DIR is a run directory itself
+        entries = [RunEntry(root, read_json(root / RUN_JSON) or {})]
+    runs = [run_summary(r) for r in entries]
     if args.json:
         print(json.dumps({"root": str(root), "runs": runs}, default=str))
     elif not runs:

@@ -173,6 +173,9 @@ def load(path: Path | str) -> Recorded:
         messages = list(reader.messages())
     except TraceError as exc:
         raise ReplayError(str(exc)) from None
+    if not reader.episode:
+        raise ReplayError(f"{path}: no episode metadata: the file holds nothing of an episode "
+                          f"({reader.status.message or 'no episode was recorded in it'})")
     every = reader.episode.get("tick_every")
     if every != 1:
         raise ReplayError(

@@ -34,9 +34,11 @@ def frames_at_ticks(
     frames: Iterable[tuple[int, bytes]], tick_times: np.ndarray
 ) -> Iterator[np.ndarray]:
     """For each tick time, the newest decoded frame captured at or before it (before the
-    first frame: the first frame). `frames` must come in time order."""
+    first frame: the first frame). `frames` come in file order, which is time order but
+    for a frame recorded late: one older than the frame shown is skipped."""
     it = iter(frames)
     current: np.ndarray | None = None
+    current_t: int | None = None
     pending = next(it, None)
 
     def decode(item: tuple[int, bytes]) -> np.ndarray | None:
@@ -46,10 +48,13 @@ def frames_at_ticks(
     for t in tick_times:
         # take every frame captured by t (and, before the first one, the first one)
         while pending is not None and (current is None or pending[0] <= t):
-            img = decode(pending)
+            # a frame recorded late (re-uploaded, or an older window step) never takes the
+            # place of a newer one: the video does not step back in time
+            if current_t is None or current_t > t or pending[0] >= current_t:
+                img = decode(pending)
+                if img is not None:
+                    current, current_t = img, pending[0]
             pending = next(it, None)
-            if img is not None:
-                current = img
         if current is None:
             raise VideoError("no frame decodes")
         yield current

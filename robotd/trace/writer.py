@@ -257,8 +257,10 @@ class WriterThread(threading.Thread):
         if verdict is None:
             verdict = f.info.get("verdict")
         self._event(f, EPISODE_END, {**extra, "outcome": outcome, "verdict": verdict}, t, tick)
-        f.info.update(outcome=outcome, verdict=verdict, ended=iso_now())
-        self._close_file(f, {"outcome": outcome, "verdict": verdict, **f.summary()})
+        cause = str(extra.get("cause") or "")  # a fault's: estop, driver, watchdog, ...
+        f.info.update(outcome=outcome, cause=cause, verdict=verdict, ended=iso_now())
+        self._close_file(f, {"outcome": outcome, "cause": cause, "verdict": verdict,
+                             **f.summary()})
         if f.sidecar is not None and f.episode is not None:
             self.sidecars[f.episode] = (f.sidecar, {**f.info, **f.summary()})
         self._budget()
