@@ -8,10 +8,10 @@ from __future__ import annotations
 import argparse
 import signal
 import sys
-import threading
 
 from drivers.emulators.bus import PROTOCOLS, Emulator
 from drivers.emulators.faults import parse_fault
+from robotd.runtime.procutil import signal_event
 
 
 def _ids(text: str) -> list[int]:
@@ -50,13 +50,9 @@ def main(argv: list[str] | None = None) -> int:
         )
     except ValueError as exc:
         p.error(str(exc))
-    done = threading.Event()
-
-    def stop(signum: int, frame: object) -> None:
-        done.set()
-
-    signal.signal(signal.SIGTERM, stop)
-    signal.signal(signal.SIGINT, stop)
+    # set by a pipe and a thread, not by the handler: a second signal landing inside the
+    # first handler's Event.set would deadlock (robotd.runtime.procutil.signal_event)
+    done = signal_event((signal.SIGTERM, signal.SIGINT))
     print(emulator.port, flush=True)
     emulator.start()
     done.wait()

@@ -29,6 +29,7 @@ import zmq
 
 from robotd import framed, wire
 from robotd.contract import Actions, Observations
+from robotd.runtime.procutil import signal_event
 from robotd.stream.endpoint import is_stream, zmq_equivalent
 from robotd.stream.router import StreamRouter
 from robotd.worker.act_requests import ActRequests
@@ -91,9 +92,13 @@ def serve(
     if stop is not None:
         server.run(bind, observe, ready, stop)
         return
-    stop = threading.Event()
     in_main = threading.current_thread() is threading.main_thread()
-    previous = signal.signal(signal.SIGTERM, lambda *_: stop.set()) if in_main else None
+    previous = signal.getsignal(signal.SIGTERM) if in_main else None
+    # Not a handler that sets the event itself: a SIGTERM arriving while the loop is inside
+    # stop.set() or stop.is_set() (the event's lock held) would deadlock the worker for good
+    # (a local worker whose daemon was SIGKILLed got PDEATHSIG's SIGTERM and then the
+    # process group's, and outlived it). A pipe and a thread set it (procutil.signal_event).
+    stop = signal_event((signal.SIGTERM,)) if in_main else threading.Event()
     try:
         server.run(bind, observe, ready, stop)
     finally:
