@@ -90,7 +90,7 @@ def source_problem(
     source = options.source
     if isinstance(source, str) and "://" in source:
         return _url_problem(source, options.backend)
-    if isinstance(source, bool) or not isinstance(source, int):
+    if not isinstance(source, int):
         return None
     if not sys.platform.startswith("linux") or options.backend == "ffmpeg":
         return None  # no /dev/videoN to look at (FFmpeg opens no index at all)
@@ -99,21 +99,10 @@ def source_problem(
     device = devices / f"video{source}"
     if device.exists():
         return None
-    return _unless_fallback(f"source: {source}: no such device ({device})", options, config_dir)
+    from drivers.opencv.camera import unless_fallback
 
-
-def _unless_fallback(problem: str, options: OpenCVOptions, config_dir: Path) -> str | None:
-    """`problem`, unless the camera's fallback serves instead (as the driver's preflight)."""
-    from drivers.opencv.camera import beside_config
-    from drivers.opencv.source import probe
-
-    if options.fallback == "pattern":
-        return None
-    if options.fallback == "none":
-        return problem
-    fallback = beside_config(options.fallback, config_dir)
-    also = probe(fallback, "any")
-    return None if also is None else f"{problem}; and fallback: {fallback}: {also}"
+    problem = f"source: {source}: no such device ({device})"
+    return unless_fallback(problem, options, config_dir)
 
 
 def _url_problem(source: str, backend: str) -> str | None:

@@ -157,14 +157,9 @@ class OpenCVCamera(Camera):
         assert isinstance(options, OpenCVOptions)
         source = beside_config(options.source, config_dir)
         why = probe(source, options.backend)
-        if why is None or options.fallback == "pattern":
+        if why is None:
             return None
-        problem = f"source: {source}: {why}"
-        if options.fallback == "none":
-            return problem
-        fallback = beside_config(options.fallback, config_dir)
-        also = probe(fallback, "any")
-        return None if also is None else f"{problem}; and fallback: {fallback}: {also}"
+        return unless_fallback(f"source: {source}: {why}", options, config_dir)
 
     def _start(self, src: CaptureSource | PatternSource, quiet: bool = False) -> str | None:
         s, fourcc = self.spec, self.options.fourcc if src.kind == "device" else None
@@ -230,6 +225,19 @@ class OpenCVCamera(Camera):
                 f"({(self.context.clock() - self._lost_at) / 1e9:.1f} s)"
             )
         return True
+
+
+def unless_fallback(problem: str, options: OpenCVOptions, config_dir: Path | None) -> str | None:
+    """`problem` (a source that can never deliver), unless the camera's fallback serves
+    instead: None with the pattern, else the problem, and the fallback's own when it is a
+    source that cannot deliver either."""
+    if options.fallback == "pattern":
+        return None
+    if options.fallback == "none":
+        return problem
+    fallback = beside_config(options.fallback, config_dir)
+    also = probe(fallback, "any")
+    return None if also is None else f"{problem}; and fallback: {fallback}: {also}"
 
 
 def beside_config(source: int | str, config_dir: Path | None) -> int | str:

@@ -20,8 +20,7 @@ from pydantic import (
 from drivers.base import exact_kind
 from robotd.config.problems import Problem, raise_any
 from robotd.link.openpi.options import OpenpiOptions
-from robotd.stream.endpoint import EndpointError, is_stream, port_problem
-from robotd.stream.endpoint import parse as parse_stream
+from robotd.stream.endpoint import worker_problem
 
 PositiveFloat = Annotated[float, Field(gt=0)]
 # A safety limit: NaN would make every comparison false (and the shield's clamp emit NaN),
@@ -318,20 +317,8 @@ class PolicyConfig(_Model):
         ep = self.worker
         if self.link != "robotd" or not ep:
             return self
-        if is_stream(ep):
-            try:
-                parse_stream(ep)
-            except EndpointError as err:
-                raise ValueError(f"worker: {err}") from None
-        elif not ep.startswith(("tcp://", "ipc://")):
-            openpi = ep.startswith(("ws://", "wss://"))
-            hint = ' (ws:// and wss:// are for policy.link = "openpi")' if openpi else ""
-            raise ValueError(
-                f"worker: {ep!r}: a robotd worker listens on stream+tcp://HOST:PORT, "
-                f"stream+ipc://PATH, tcp://HOST:PORT or ipc://PATH{hint}"
-            )
-        elif port_problem(ep):
-            raise ValueError(f"worker: {port_problem(ep)}")
+        if (problem := worker_problem(ep)) is not None:
+            raise ValueError(f"worker: {problem}")
         return self
 
 

@@ -34,6 +34,8 @@ def validate_strictly(
         errors: list[ErrorDetails] = []
     except ValidationError as exc:
         validated, errors = None, exc.errors()
+    if model.model_config.get("strict"):
+        return validated, errors  # the model's own validation was the strict one
     try:
         model.model_validate(dict(data), strict=True)
     except ValidationError as exc:

@@ -22,8 +22,7 @@ from robotd.link.steps import LinkCounters, RingFrames, StepReader, StepRing
 from robotd.link.uplink import Uplink
 from robotd.link.windows import WindowPlanner
 from robotd.shm import FrameRing
-from robotd.stream.endpoint import EndpointError, is_stream, port_problem
-from robotd.stream.endpoint import parse as parse_stream
+from robotd.stream.endpoint import port_problem, worker_problem
 
 log = logging.getLogger("robotd.link")
 
@@ -130,17 +129,8 @@ def worker_endpoint_problem(link: str, endpoint: str) -> str | None:
     if link == "openpi":
         if not endpoint.startswith(("ws://", "wss://")):
             return f"{endpoint!r}: the openpi link needs a ws:// or wss:// endpoint"
-    elif is_stream(endpoint):
-        try:
-            parse_stream(endpoint)
-        except EndpointError as exc:
-            return str(exc)
-    elif not endpoint.startswith(("tcp://", "ipc://")):
-        return (
-            f"{endpoint!r}: a robotd worker listens on stream+tcp://HOST:PORT, "
-            "stream+ipc://PATH, tcp://HOST:PORT or ipc://PATH"
-        )
-    return port_problem(endpoint)
+        return port_problem(endpoint)
+    return worker_problem(endpoint)
 
 
 def choose_contract(

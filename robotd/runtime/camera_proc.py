@@ -40,6 +40,7 @@ from drivers.base import (
 from drivers.base import (
     CameraSpec as Geometry,
 )
+from robotd.backoff import Backoff
 from robotd.errors import one_line
 from robotd.runtime.procutil import (
     die_with_parent,
@@ -132,7 +133,8 @@ def open_until_ready(camera: Camera, stop: threading.Event, label: str) -> bool:
     """Open the camera, trying again with backoff while it raises DriverFault; True once
     open, False when stopped first. The cause is said at the first failure, when it
     changes, and every RESAY_S (with the count), not at every try."""
-    tries, last, said_at, delay = 0, "", 0.0, OPEN_RETRY_MIN_S
+    tries, last, said_at = 0, "", 0.0
+    backoff = Backoff(OPEN_RETRY_MIN_S, OPEN_RETRY_MAX_S)
     while not stop.is_set():
         try:
             camera.open()
@@ -150,9 +152,8 @@ def open_until_ready(camera: Camera, stop: threading.Event, label: str) -> bool:
             elif now - said_at >= RESAY_S:
                 _say(label, f"still cannot open after {tries} tries: {why}")
                 said_at = now
-            if not sleep_until(time.monotonic_ns() + int(delay * 1e9), stop):
+            if not sleep_until(time.monotonic_ns() + int(backoff.next() * 1e9), stop):
                 return False
-            delay = min(2 * delay, OPEN_RETRY_MAX_S)
             continue
         if tries:
             _say(label, f"opened after {tries} failed tries")

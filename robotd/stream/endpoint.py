@@ -91,6 +91,25 @@ def _bracket_problem(endpoint: str, host: str) -> str | None:
     return None
 
 
+def worker_problem(endpoint: str) -> str | None:
+    """Why `endpoint` cannot name a robotd worker (stream+tcp://, stream+ipc://, tcp://,
+    ipc://, its port checked), else None: one rule for policy.worker at load and --worker."""
+    if is_stream(endpoint):
+        try:
+            parse(endpoint)
+        except EndpointError as err:
+            return str(err)
+        return None
+    if not endpoint.startswith(("tcp://", "ipc://")):
+        openpi = endpoint.startswith(("ws://", "wss://"))
+        hint = ' (ws:// and wss:// are for policy.link = "openpi")' if openpi else ""
+        return (
+            f"{endpoint!r}: a robotd worker listens on stream+tcp://HOST:PORT, "
+            f"stream+ipc://PATH, tcp://HOST:PORT or ipc://PATH{hint}"
+        )
+    return port_problem(endpoint)
+
+
 def ipc_file(endpoint: str) -> Path | None:
     """The socket file a stream ipc endpoint makes (None for tcp)."""
     if endpoint.startswith(IPC):
