@@ -4,12 +4,16 @@
     the robot keeps acting, the latency drop happens, nothing faults, no stale row is played;
 (b) a test policy whose rows encode the step they are meant for, served by the daemon's local
     worker: it puts the encoded step on the gripper, and reads it back from the joint state
-    of every step (an `every = 1` stream). The sim arm is made exact (tau 1 ms, no read
-    noise), so the gripper read at step k is the target played at step k - 1: the policy
-    itself checks that every played row was meant for the step that played it, and writes
-    what it found to a report file. The naive baseline (control.aligned = false) must show
-    stale rows in that report and in the daemon's stale_rows_played, or the check proves
-    nothing.
+    of every step (an `every = 1` stream). The sim arm is made exact (tau 1 µs, no speed
+    limit, no read noise: even a read a few µs after a late tick's write sees the whole
+    move), so the gripper read at step k is the last target played before it: the one of
+    step k - 1, unless an overrun skipped step k - 1 (nothing played; its record repeats the
+    last). The policy itself checks that every played row was meant for the step that
+    played it, and writes what it found, with the steps it judged stale, to a report file;
+    a step it calls stale must be one the trace marks skipped. The trace's own /robot/tick
+    records are checked too: every target written was meant for its step. The naive
+    baseline (control.aligned = false) must show stale rows in that report and in the
+    daemon's stale_rows_played, or the check proves nothing.
 """
 
 from __future__ import annotations
@@ -27,6 +31,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+
+from robotd.trace.reader import read_all
 
 ROOT = Path(__file__).resolve().parents[1]
 DURATION_S = 3.0
@@ -51,7 +57,7 @@ STEP_POLICY = textwrap.dedent('''
         def __init__(self, report: str, latency_ms: float = 0.0, horizon: int = 30):
             self.report, self.latency_s, self.horizon = report, latency_ms / 1e3, horizon
             self.found = {"checked": 0, "holds": 0, "stale": 0, "ahead": 0, "episodes": 0,
-                          "last_step": -1}
+                          "last_step": -1, "stale_at": []}
             self.last = None
 
         def reset(self):
@@ -78,6 +84,7 @@ STEP_POLICY = textwrap.dedent('''
                 f["holds"] += 1
             elif meant < played_at:
                 f["stale"] += 1
+                f["stale_at"].append(played_at)
             elif meant > played_at:
                 f["ahead"] += 1
             else:
@@ -183,7 +190,8 @@ def run_step_encoder(workdir: Path, name: str, *overrides: str) -> tuple[dict, d
         "policy.args.horizon=16",
         "control.refill_steps=8",
         "cameras={}",
-        "joints.options.tau_s=0.001",
+        "joints.options.tau_s=1e-6",
+        "joints.options.velocity_limit=1e6",
         "joints.options.noise=0.0",
         *overrides,
         pythonpath=workdir,
@@ -195,8 +203,35 @@ def test_aligned_realtime_plays_no_row_meant_for_a_past_step(workdir: Path) -> N
     summary, found = run_step_encoder(workdir, "aligned")
     assert summary["chunks"] >= 5 and summary["rows_dropped"] > 0, summary
     assert found["episodes"] == 1 and found["checked"] >= 40, found
-    assert found["stale"] == 0 and found["ahead"] == 0, found
+    assert found["ahead"] == 0, found
+    # the read after a skipped step shows the step before it: judged stale by the policy,
+    # it must be a step the trace marks skipped (nothing was played there)
+    ticks = _ticks(workdir / "aligned")
+    skipped = {r["s"] for r in ticks if r["skipped"]}
+    assert found["stale"] == len(found["stale_at"]), found
+    assert set(found["stale_at"]) <= skipped, (found, sorted(skipped))
     assert summary["stale_rows_played"] == 0, summary
+    played, wrong = _misplayed(ticks)
+    assert played >= 40 and not wrong, (played, wrong[:10])
+
+
+def _misplayed(ticks: list[dict[str, Any]]) -> tuple[int, list[tuple[int, float]]]:
+    """(rows played, those meant for another step as (step, gripper target)): over the
+    trace's ticks that played a row of a chunk (not a hold, not a skipped step)."""
+    played = [
+        (r["s"], r["target"][2])
+        for r in ticks
+        if r["target"] is not None and not r["held"] and not r["skipped"]
+    ]
+    return len(played), [(s, g) for s, g in played if round(g / 0.004) - 1 != s]
+
+
+def _ticks(run_dir: Path) -> list[dict[str, Any]]:
+    """The /robot/tick records of the one episode a run recorded."""
+    (path,) = sorted((run_dir / "traces").glob("*/episode-*.mcap"))
+    msgs, reader = read_all(path)
+    assert reader.status.complete, reader.status.message
+    return [m.record for m in msgs if m.topic == "/robot/tick"]
 
 
 def test_naive_realtime_is_caught_playing_late_rows(workdir: Path) -> None:
@@ -204,6 +239,8 @@ def test_naive_realtime_is_caught_playing_late_rows(workdir: Path) -> None:
     assert summary["chunks"] >= 5, summary
     assert found["stale"] >= 20 and found["ahead"] == 0, found
     assert summary["stale_rows_played"] >= 20, summary
+    _, wrong = _misplayed(_ticks(workdir / "naive"))
+    assert len(wrong) >= 20 and all(round(g / 0.004) - 1 < s for s, g in wrong), wrong
 
 
 @pytest.mark.parametrize("merge", ["fade", "ensemble"])
