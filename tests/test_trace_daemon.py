@@ -187,9 +187,14 @@ def test_a_recorded_run_exports_and_reads_back_frame_by_frame(operated, tmp_path
         ticks = _topics(path)["/robot/tick"]
         table = pq.read_table(tmp_path / f"ds/data/chunk-000/file-{e:03d}.parquet").to_pylist()
         assert len(table) == len(ticks)
+        action = None
         for row, t in zip(table, ticks):
             assert np.array_equal(np.float32(row["observation.state"]), np.float32(t["pos"]))
-            assert np.array_equal(np.float32(row["action"]), np.float32(t["target"]))
+            # a step that wrote no target (one an overrun skipped on a loaded machine:
+            # nothing read, nothing played) keeps the last target, or the position before any
+            action = t["target"] if t["target"] is not None else action
+            want = action if action is not None else t["pos"]
+            assert np.array_equal(np.float32(row["action"]), np.float32(want))
         video = cv2.VideoCapture(
             str(tmp_path / f"ds/videos/observation.images.top/chunk-000/file-{e:03d}.mp4"))
         expected = _frames_at_ticks(path)
