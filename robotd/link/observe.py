@@ -20,7 +20,6 @@ now always goes at once (only acts make room; the worker refuses what it cannot 
 from __future__ import annotations
 
 import logging
-import time
 from collections import deque
 from collections.abc import Callable, Container
 from typing import Literal
@@ -32,6 +31,7 @@ import zmq.asyncio
 from robotd import wire
 from robotd.link.posts import Held, Post, UplinkLimits, parse_ack
 from robotd.link.steps import LinkCounters
+from robotd.repeats import Repeats
 
 log = logging.getLogger("robotd.link")
 
@@ -79,7 +79,7 @@ class ObserveConnection:
         # One signal for "a post was queued" and "room was made": the send loop waits on
         # both at once (an urgent post must go even while an ordinary one waits for room).
         self._wake = Signal()
-        self._warned: dict[str, tuple[float, int]] = {}
+        self._warned = Repeats(_WARN_EVERY_S)
         self._sock: zmq.asyncio.Socket | None = None
         # When set to a list: (episode, step, keys, bytes) of every post sent (benchmarks).
         self.sent_log: list[tuple[str, int, tuple[str, ...], int]] | None = None
@@ -173,14 +173,10 @@ class ObserveConnection:
 
     def warn(self, kind: str, message: str) -> None:
         """Log a loss at once, then at most every few seconds with the count in between."""
-        now = time.monotonic()
-        last, quiet = self._warned.get(kind, (0.0, 0))
-        if now - last >= _WARN_EVERY_S:
-            more = f" (+{quiet} more since the last warning)" if quiet else ""
+        said = self._warned.say(kind)
+        if said is not None:
+            more = f" (+{said.unsaid} more since the last warning)" if said.unsaid else ""
             log.warning("upload %s: %s%s", kind, message, more)
-            self._warned[kind] = (now, 0)
-        else:
-            self._warned[kind] = (last, quiet + 1)
 
     # ---- the tasks --------------------------------------------------------------------------
 

@@ -4,11 +4,11 @@ the end of a worker-side episode passed on, and the one-time refill warning."""
 from __future__ import annotations
 
 import logging
-import time
 from collections.abc import Callable
 
 from robotd.config import ControlConfig
 from robotd.lane.messages import Event, Merged
+from robotd.repeats import Repeats
 from robotd.runtime.summary import RunSummary
 
 log = logging.getLogger("robotd")
@@ -64,21 +64,17 @@ class EventLog:
         self.summary = summary
         self.episode_ended = episode_ended
         self._refill_warned = False
-        self._quiet: dict[str, tuple[float, int]] = {}  # name -> (last logged, since then)
+        self._quiet = Repeats(QUIET_S)
         self._chunk_rows = 0  # rows of the last chunk merged (at the control rate)
 
     def on_event(self, ev: Event) -> None:
         level = logging.WARNING if ev.name in WARNINGS else logging.INFO
         key = _repeat_key(ev)
         if key is not None:
-            now = time.monotonic()
-            last, more = self._quiet.get(key, (-QUIET_S, 0))
-            if now - last < QUIET_S:
-                self._quiet[key] = (last, more + 1)
-            else:
-                self._quiet[key] = (now, 0)
-                extra = f" (+{more} more in the last {now - last:.0f} s)" if more else ""
-                log.log(level, "%s %s%s", ev.name, ev.detail, extra)
+            said = self._quiet.say(key)
+            if said is not None:
+                extra = f" (+{said.unsaid} more in the last {said.since_s:.0f} s)"
+                log.log(level, "%s %s%s", ev.name, ev.detail, extra if said.unsaid else "")
         else:
             log.log(level, "%s %s", ev.name, ev.detail)
         if ev.name == "episode_end":

@@ -1,0 +1,49 @@
+"""Logging a trouble that repeats: said at once, then at most once a period, with a count.
+
+A cause that lasts (a worker gone, a flaky bus, refused uploads) reports itself every few
+ticks; logging each report would bury everything else, logging only the first would hide
+that it went on. `Repeats` keeps, per kind, when it was last said and how many reports went
+unsaid since, so the next line can say "+N more".
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+MAX_KINDS = 256  # kinds remembered; the oldest is forgotten (and said again) past it
+
+
+@dataclass(frozen=True, slots=True)
+class Said:
+    """What a line about a repeating kind adds: `unsaid` reports since the last line,
+    `since_s` seconds ago (infinite the first time)."""
+
+    unsaid: int
+    since_s: float
+
+
+class Repeats:
+    """Per kind: say the first report, then at most one every `every_s` of `clock`."""
+
+    def __init__(self, every_s: float, *, clock: Callable[[], float] = time.monotonic) -> None:
+        if not every_s >= 0:
+            raise ValueError(f"Repeats: every_s must be >= 0, got {every_s!r}")
+        self.every_s = float(every_s)
+        self.clock = clock
+        self._kinds: dict[str, tuple[float, int]] = {}  # kind -> (last said, unsaid since)
+
+    def say(self, kind: str) -> Said | None:
+        """A report of `kind`: what to add to its line when it is to be said now, None when
+        it is to stay quiet (it is counted for the next line)."""
+        now = self.clock()
+        seen = self._kinds.get(kind)
+        if seen is not None and now - seen[0] < self.every_s:
+            self._kinds[kind] = (seen[0], seen[1] + 1)
+            return None
+        if seen is None and len(self._kinds) >= MAX_KINDS:
+            del self._kinds[next(iter(self._kinds))]
+        self._kinds.pop(kind, None)  # re-inserted last: the dict's order is the age order
+        self._kinds[kind] = (now, 0)
+        return Said(0, float("inf")) if seen is None else Said(seen[1], now - seen[0])
