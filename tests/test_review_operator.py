@@ -117,6 +117,46 @@ def test_a_copy_lost_at_once_after_it_was_ready_is_replaced_with_backoff() -> No
         worker.stop()
 
 
+class _Told:
+    """The copies' events, as the pool would be told them (recorded)."""
+
+    def __init__(self) -> None:
+        self.lost: list[tuple[int, str]] = []
+
+    def copy_ready(self, slot) -> None:
+        pass
+
+    def copy_lost(self, slot, loss, now: float) -> None:
+        self.lost.append((slot.id, loss.kind))
+
+    def no_copy(self, why: str) -> None:
+        pass
+
+
+def test_a_copy_lost_after_serving_long_is_logged_with_why_and_replaced(caplog) -> None:
+    import time
+
+    from robotd.worker import copies
+    from robotd.worker.death import Loss
+    from robotd.worker.slots import CopyOptions
+
+    told = _Told()  # an inline copy: the real policy loaded in this process, no child to kill
+    c = copies.Copies("robotd.demo:DotFollower", {}, CopyOptions(copies=0, inline=True), told)
+    c.start()
+    try:
+        (slot,) = c.slots.values()
+        slot.state, slot.ready_at = "ready", time.monotonic() - copies.STABLE_S - 5
+        with caplog.at_level(logging.WARNING, logger="robotd.worker"):
+            c.lose(slot, Loss("crashed", "crashed: exit code 3"), time.monotonic())
+        assert told.lost == [(1, "crashed")]
+        said = r"copy 1 \(pid \d+\) lost after 3\d s serving: a new copy starts now " \
+               r"\(crashed: exit code 3\)"
+        assert re.search(said, caplog.text), caplog.text
+        assert len(c.slots) == 1 and c.counts["copies_started"] == 2  # replaced at once
+    finally:
+        c.stop()
+
+
 def test_losses_farther_apart_than_stable_s_start_the_backoff_over() -> None:
     from robotd.worker import copies
 

@@ -162,10 +162,15 @@ class Copies:
         self._drop(slot)
         self.counts["copies_lost"] += 1
         up = now - (slot.ready_at if slot.ready_at is not None else slot.started)
+        # One line a loss, whether or not it held an episode (the pool says which it lost):
+        # an idle spare that dies is replaced, and the log is where an operator learns why.
         if up < STABLE_S:  # lost young: the next may well go the same way
             delay = self._failed(now)
-            log.warning("copy %d (pid %s) lost %.1f s after it was ready: the next starts in %g s",
-                        slot.id, slot.runner.pid, up, delay)
+            log.warning("copy %d (pid %s) lost %.1f s after it was ready: the next starts in %g s"
+                        " (%s)", slot.id, slot.runner.pid, up, delay, loss.message)
+        elif not self.stopping:
+            log.warning("copy %d (pid %s) lost after %.0f s serving: a new copy starts now (%s)",
+                        slot.id, slot.runner.pid, up, loss.message)
         self.events.copy_lost(slot, loss, now)
         self._spawn_missing(now)
 
