@@ -9,9 +9,11 @@ import os
 import subprocess
 import sys
 
+import pyarrow.parquet as pq
 from trace_util import CONFIG, tick
 
 from robotd.cli import main as robotd_main
+from robotd.trace.export import export_lerobot
 from robotd.trace.store import TraceStore
 
 
@@ -48,12 +50,13 @@ def test_ls_lists_runs_and_episodes(tmp_path, capsys):
     assert run.name in text and "stopped" in text and "success (clean grasp)" in text
     assert "30 ticks" in text and "'pick the cube'" in text
     assert "did not close" in text and "not closed (the writer stopped)" in text
+    assert "cut_off" in text  # the episode the daemon never ended, said so
     assert robotd_main(["trace", "ls", str(root), "--json"]) == 0
     runs = json.loads(capsys.readouterr().out)["runs"]
     assert [len(r["episodes"]) for r in runs] == [1, 1] and not any(r["in_use"] for r in runs)
     ok, crashed = runs[0]["episodes"][0], runs[1]["episodes"][0]
     assert ok["outcome"] == "stopped" and ok["ticks"] == 30 and ok["verdict"]["success"]
-    assert crashed["episode"] == 7 and crashed["ticks"] == 12 and crashed["outcome"] is None
+    assert crashed["episode"] == 7 and crashed["ticks"] == 12 and crashed["outcome"] == "cut_off"
 
 
 def test_show_timeline_text_all_and_json(tmp_path, capsys):
@@ -116,3 +119,15 @@ def test_show_and_ls_survive_records_and_sidecars_of_the_wrong_shape(tmp_path, c
     assert robotd_main(["trace", "ls", str(tmp_path / "runs")]) == 0
     assert robotd_main(["trace", "ls", str(tmp_path / "runs"), "--json"]) == 0
     assert "Traceback" not in capsys.readouterr().err
+
+
+def test_an_episode_the_daemon_never_ended_exports_as_cut_off(tmp_path):
+    root = tmp_path / "runs"
+    proc = multiprocessing.get_context("fork").Process(target=_crashed_child, args=(str(root),))
+    proc.start()
+    proc.join(30)
+    assert proc.exitcode == 0
+    (run,) = [p for p in root.iterdir() if p.is_dir()]
+    export_lerobot([run], tmp_path / "ds")
+    eps = pq.read_table(tmp_path / "ds/meta/episodes/chunk-000/file-000.parquet").to_pylist()
+    assert [(e["length"], e["robotd/outcome"]) for e in eps] == [(12, "cut_off")]

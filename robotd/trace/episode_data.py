@@ -17,7 +17,13 @@ import numpy as np
 from robotd.trace import codec
 from robotd.trace.reader import TraceReader
 from robotd.trace.rundir import read_json
-from robotd.trace.schemas import CAMERA_PREFIX, TICK, camera_topic, is_camera_topic
+from robotd.trace.schemas import (
+    CAMERA_PREFIX,
+    CUT_OFF,
+    TICK,
+    camera_topic,
+    is_camera_topic,
+)
 
 log = logging.getLogger("robotd.trace")
 
@@ -109,7 +115,8 @@ def load_episode(path: Path) -> EpisodeData:
         log_time=np.asarray(times, dtype=np.int64),
         held=np.asarray(held, dtype=bool),
         cameras=cameras,
-        outcome=_text(side.get("outcome") or end.get("outcome")),
+        outcome=_text(side.get("outcome") or end.get("outcome")) or (
+            None if side.get("ended") or reader.end else CUT_OFF),
         cause=_text(side.get("cause") or end.get("cause")) or "",
         verdict=_verdict(side.get("verdict") if side.get("verdict") is not None
                          else end.get("verdict")),

@@ -23,7 +23,7 @@ from robotd.trace.rundir import (
     read_json,
     tree_bytes,
 )
-from robotd.trace.schemas import TICK
+from robotd.trace.schemas import CUT_OFF, TICK
 
 
 def _scan_episode(path: Path) -> dict[str, Any]:
@@ -38,7 +38,7 @@ def _scan_episode(path: Path) -> dict[str, Any]:
     except TraceError as exc:
         return {"file": path.name, "outcome": None, "note": str(exc)}
     span = (last - first) / 1e9 if first is not None and last is not None else 0.0
-    end = reader.end or {}
+    end = reader.end or {"outcome": CUT_OFF}
     return {**reader.episode, **end, "file": path.name, "ticks": ticks,
             "duration_s": round(span, 6), "note": reader.status.message}
 

@@ -30,6 +30,9 @@ LINK_KINDS = ("upload", "refusal", "reconnect", "episode_reset")
 EPISODE_START = "episode_start"
 EPISODE_END = "episode_end"
 TRACE_DROP = "trace_drop"
+# The outcome of an episode whose file has no end: the daemon stopped without ending it
+# (killed, crashed, the power cut); its file holds what was flushed before that.
+CUT_OFF = "cut_off"
 
 _NUM = {"type": ["number", "null"]}  # null: a non-finite value (see robotd.trace.codec)
 _NUMS = {"type": "array", "items": _NUM}
