@@ -220,16 +220,19 @@ class PolicySession:
 
     def episode_lost(self, wep: str, cause: str) -> None:
         """The worker's copy holding `wep` is gone (the worker itself is fine)."""
-        if wep == self._wep:
+        if wep == self._wep and self._report_lost(cause):
             log.warning("the policy lost episode %s: %s", wep, cause)
-            self._report_lost(cause)
 
-    def _report_lost(self, cause: str) -> None:
+    def _report_lost(self, cause: str) -> bool:
+        """Tell the lane the running episode is lost, once an episode: True when told now.
+        (Every heartbeat asks about it again, and the act that failed says so too; the lane
+        may not move on at once, e.g. when the episode ended meanwhile.)"""
         wep = self._wep
         if not wep or wep in self._lost:
-            return
+            return False
         self._lost.append(wep)
         self.send_down(EpisodeLost(cause[:500]))
+        return True
 
     async def _reconnect(self) -> None:
         await anyio.sleep(self.health.retry_delay())
