@@ -114,3 +114,15 @@ def test_a_bare_or_half_bracketed_ipv6_host_is_refused_at_load_not_at_connect(
     assert out.returncode == 2, out.stdout[-500:]
     assert "an IPv6 address goes whole in brackets, [::1]" in out.stderr, out.stderr
     assert "policy.worker" in out.stderr and "Traceback" not in out.stderr
+
+
+def test_a_control_lane_that_dies_at_start_up_is_not_blamed_on_the_worker(tmp_path: Path) -> None:
+    # a serial port that does not exist: the joint driver cannot open, the lane exits
+    d = Daemon(tmp_path, "--config", str(REPO / "config" / "so101.toml"),
+               "--set", 'joints.options.port="/dev/robotd-no-such-port"',
+               "--set", 'cameras.front.options.fallback="pattern"',
+               "--set", 'cameras.wrist.options.fallback="pattern"')
+    assert d.wait_exit(timeout=90) != 0
+    log = "".join(d.wait_eof())
+    assert "control exited with code" in log, log[-3000:]
+    assert "no policy worker had answered" not in log, log[-3000:]

@@ -70,6 +70,7 @@ class Daemon:
         self.summary = RunSummary(cfg.control.hz)
         self.stop = anyio.Event()
         self.exit_code = 0
+        self._control_code: int | None = None  # the control lane's exit code, if it exited
         self.shared: Shared | None = None
         self.session: PolicySession | None = None
         self._scope: anyio.CancelScope | None = None  # start-up and run; a signal cancels it
@@ -124,7 +125,7 @@ class Daemon:
                         tg.start_soon(self._signals)
                         await self._main(tg, children)
                     if self._scope.cancelled_caught and self.summary.link is None:
-                        log.warning("stopped during start-up: no policy worker had answered")
+                        self._early_stop()
                 finally:
                     with anyio.CancelScope(shield=True):
                         await self._shutdown(sup, children)
@@ -204,7 +205,19 @@ class Daemon:
 
     def _control_exited(self, code: int) -> None:
         self.exit_code = 1
+        self._control_code = code
         self._stop_now()  # also when it dies during start-up
+
+    def _early_stop(self) -> None:
+        """Say what start-up was waiting for when a signal stopped it. A control lane that
+        exited said so itself (the supervisor's line, after the lane's own error): the
+        worker was never the cause then."""
+        if self._control_code is not None:
+            return
+        if not self.routes.ready.is_set():
+            log.warning("stopped during start-up: the control lane was not ticking yet")
+        else:
+            log.warning("stopped during start-up: no policy worker had answered")
 
     def _stop_now(self) -> None:
         self.stop.set()
