@@ -260,7 +260,7 @@ def test_a_calibration_of_other_servos_is_refused(tmp_path):
 def test_a_servo_missing_at_open_is_named(tmp_path):
     a = Arm("dynamixel", tmp_path, ids=(1, 2, 3, 4, 5))
     try:
-        with pytest.raises(DriverFault, match="servo 6: no reply") as info:
+        with pytest.raises(DriverFault, match="joint 'gripper', servo 6: no reply") as info:
             a.driver.open()
         assert info.value.joint == "gripper"
     finally:

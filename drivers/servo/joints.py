@@ -146,9 +146,7 @@ class ServoJoints(JointDriver):
             self.bus.slack_s = o.timeout_ms / 1e3
         except BusError as exc:
             self.close()
-            raise DriverFault(
-                f"{self.protocol} on {o.port}: {exc}", joint=self._joint(exc.ident)
-            ) from None
+            raise self._bus_fault(f"{self.protocol} on {o.port}", exc) from None
         except TransportError as exc:
             self.close()
             raise DriverFault(f"{self.protocol}: {exc}") from None
@@ -205,9 +203,7 @@ class ServoJoints(JointDriver):
             if on:
                 self.after_torque(bus, True)
         except BusError as exc:
-            raise DriverFault(
-                f"torque {'on' if on else 'off'}: {exc}", joint=self._joint(exc.ident)
-            ) from None
+            raise self._bus_fault(f"torque {'on' if on else 'off'}", exc) from None
         except TransportError as exc:
             raise DriverFault(f"{self.protocol}: {exc}") from None
         self._torque = on
@@ -299,6 +295,12 @@ class ServoJoints(JointDriver):
 
     def _joint(self, ident: int) -> str | None:
         return dict(zip(self.ids, self.names)).get(ident)
+
+    def _bus_fault(self, what: str, exc: BusError) -> DriverFault:
+        """A failed transaction as a fault naming the joint as well as the servo's ID."""
+        joint = self._joint(exc.ident)
+        named = f"joint {joint!r}, " if joint is not None else ""
+        return DriverFault(f"{what}: {named}{exc}", joint=joint)
 
     def _bus(self) -> ServoBus:
         if self.bus is None or self._transport is None:
