@@ -113,6 +113,8 @@ def test_watchdog_ends_the_episode_at_exactly_max_hold_steps():
     assert rig.k.counters.starved_episodes == 1
     target = rig.tick()
     assert target is not None and rig.k.machine.state == "RESETTING"  # still holding
+    with pytest.raises(CommandRefused, match=r"state is RESETTING \(reset_done once"):
+        rig.k.command("start")  # the refusal says what the operator is to do
 
 
 def test_latched_start_needs_clear_fault_and_never_moves_straight_on():
@@ -120,7 +122,7 @@ def test_latched_start_needs_clear_fault_and_never_moves_straight_on():
     rig = Rig(*cfg_over)
     rig.tick()
     assert rig.k.machine.state == "FAULT"
-    with pytest.raises(CommandRefused, match="start needs IDLE"):
+    with pytest.raises(CommandRefused, match=r"start needs IDLE.*\(clear_fault to leave it\)"):
         rig.k.command("start")
     rig.k.command("clear_fault")
     assert rig.k.machine.state == "IDLE"

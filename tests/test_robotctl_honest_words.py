@@ -190,3 +190,11 @@ def test_every_fault_cause_the_lane_emits_has_words() -> None:
     assert set(CAUSES) == emitted
     gone = fault_words({"cause": "main_gone", "detail": "the main process is gone"})
     assert gone.startswith("control lane lost its main process")
+
+
+def test_a_state_waiting_on_reset_done_says_so() -> None:
+    for name in ("ENDED", "RESETTING"):
+        words = state_words({"state": name, "episode": 2, "outcome": "starved"})
+        assert words == f"{name} episode 2 (starved) — reset_done when the robot is back at " \
+                        "the start", words
+    assert "reset_done" not in state_words({"state": "IDLE", "episode": 2})

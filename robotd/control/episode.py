@@ -31,6 +31,15 @@ class CommandRefused(Exception):
 
 STARTUP = "startup"  # the cause a real robot starts latched with
 
+# What leaves a state for IDLE, said with a refused start (the lane's text is bounded).
+_HOW = {
+    State.IDLE: "",
+    State.RUNNING: " (stop it first)",
+    State.ENDED: " (reset_done once the robot and scene are back at the start)",
+    State.RESETTING: " (reset_done once the robot and scene are back at the start)",
+    State.FAULT: " (clear_fault to leave it)",
+}
+
 # What a latch did: entered FAULT (or replaced the start-up latch); added a later cause to
 # it; or changed nothing (a cause still present latching again, as a failing driver does
 # every tick: the same fault going on).
@@ -73,7 +82,8 @@ class EpisodeMachine:
 
     def start(self) -> None:
         if self.state is not State.IDLE:
-            raise CommandRefused("bad_state", f"start needs IDLE, state is {self.state}")
+            how = _HOW[self.state]
+            raise CommandRefused("bad_state", f"start needs IDLE, state is {self.state}{how}")
         self.episode += 1
         self.outcome = ""
         self.state = State.RUNNING

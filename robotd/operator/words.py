@@ -101,4 +101,6 @@ def state_words(state: Any) -> str:
         parts.append(f"step {state['step']}")
     if state.get("outcome") and name in ("ENDED", "RESETTING"):
         parts.append(f"({_text(state['outcome'], 40)})")
+    if name in ("ENDED", "RESETTING"):  # the one state that waits on the operator silently
+        parts.append("— reset_done when the robot is back at the start")
     return " ".join(parts)
