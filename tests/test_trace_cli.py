@@ -131,3 +131,18 @@ def test_an_episode_the_daemon_never_ended_exports_as_cut_off(tmp_path):
     export_lerobot([run], tmp_path / "ds")
     eps = pq.read_table(tmp_path / "ds/meta/episodes/chunk-000/file-000.parquet").to_pylist()
     assert [(e["length"], e["robotd/outcome"]) for e in eps] == [(12, "cut_off")]
+
+
+def test_a_directory_or_a_fifo_is_not_taken_for_a_trace(tmp_path, capsys):
+    fifo = tmp_path / "pipe.mcap"
+    os.mkfifo(fifo)  # opened without O_NONBLOCK, reading it would wait for a writer forever
+    for argv, said in (
+        (["trace", "show", str(tmp_path)], "a directory, not a trace file"),
+        (["replay", str(tmp_path)], "a directory, not a trace file"),
+        (["trace", "show", str(fifo)], "not a regular file, not a trace file"),
+    ):
+        assert robotd_main(argv) == 2, argv
+        assert said in capsys.readouterr().err, argv
+    (tmp_path / "f.mcap").write_bytes(b"")
+    assert robotd_main(["trace", "ls", str(tmp_path / "f.mcap")]) == 2
+    assert "a file: ls lists a trace root or a run directory" in capsys.readouterr().err

@@ -105,7 +105,9 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     root = args.dir if args.dir is not None else trace_root(TraceOptions())
     if not root.is_dir():
-        print(f"robotd trace ls: {root}: no such directory", file=sys.stderr)
+        why = ("a file: ls lists a trace root or a run directory (robotd trace show FILE shows "
+               "an episode)") if root.exists() else "no such directory"
+        print(f"robotd trace ls: {root}: {why}", file=sys.stderr)
         return 2
     entries = list_runs(root)
     if not entries and (root / RUN_JSON).is_file():  # DIR is a run directory itself

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import stat
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -113,11 +114,18 @@ class TraceReader:
         wanted = set(topics) if topics is not None else None
         self.status = st = ReadStatus(self.path)
         try:
-            fd = os.open(self.path, os.O_RDONLY | os.O_CLOEXEC)
+            # O_NONBLOCK: a FIFO given as a trace must not block the open waiting for a writer
+            fd = os.open(self.path, os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK)
         except OSError as exc:
             raise TraceError(f"{self.path}: {exc.strerror}") from None
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode):
+            os.close(fd)
+            what = "a directory" if stat.S_ISDIR(info.st_mode) else "not a regular file"
+            raise TraceError(f"{self.path}: {what}, not a trace file (robotd trace ls DIR "
+                             "lists a directory's episodes)")
         with os.fdopen(fd, "rb") as f:
-            st.size = os.fstat(fd).st_size
+            st.size = info.st_size
             yield from self._walk(f, st, wanted)
 
     def _walk(self, f: Any, st: ReadStatus, wanted: set[str] | None) -> Iterator[TraceMessage]:
