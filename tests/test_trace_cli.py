@@ -146,3 +146,14 @@ def test_a_directory_or_a_fifo_is_not_taken_for_a_trace(tmp_path, capsys):
     (tmp_path / "f.mcap").write_bytes(b"")
     assert robotd_main(["trace", "ls", str(tmp_path / "f.mcap")]) == 2
     assert "a file: ls lists a trace root or a run directory" in capsys.readouterr().err
+
+
+def test_show_of_the_session_file_says_what_it_is(tmp_path, capsys):
+    store = TraceStore(tmp_path / "runs", 1 << 30, CONFIG)
+    store.write("/events", 5_000, {"name": "fault", "tick": 3, "detail": {"cause": "estop"}})
+    store.close()
+    run = store.run_dir
+    assert robotd_main(["trace", "show", str(run / "session.mcap")]) == 0
+    text = capsys.readouterr().out
+    assert f"session of run {run.name}" in text and "episode None" not in text, text
+    assert "None Hz" not in text, text

@@ -139,6 +139,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"robotd export: {exc}", file=sys.stderr)
         return 2
     cams = ", ".join(s.cameras) or "none"
-    print(f"{s.root}: LeRobot dataset v3.0, {s.episodes} episodes, {s.frames} frames at "
+    eps = f"{s.episodes} episode{'' if s.episodes == 1 else 's'}"
+    print(f"{s.root}: LeRobot dataset v3.0, {eps}, {s.frames} frames at "
           f"{s.fps} fps, cameras: {cams}" + (f" ({s.codec})" if s.cameras else ""))
     return 0

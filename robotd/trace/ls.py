@@ -83,6 +83,7 @@ def _print(runs: list[dict[str, Any]]) -> None:
         print(f"{r['run']}  {r['host']!s}  started {r['started']!s}  {_mib(r['bytes'])}  {state}")
         for e in r["episodes"]:
             ticks, dur = e.get("ticks", "?"), e.get("duration_s", "?")
+            dur = f"{dur:.1f}" if isinstance(dur, int | float) else dur  # JSON keeps it whole
             outcome = e.get("outcome") or "-"
             if e.get("cause"):
                 outcome = f"{outcome}:{e['cause']}"

@@ -122,9 +122,11 @@ def _fold(messages: Iterator[TraceMessage]) -> Iterator[tuple[int, str]]:
 def _header(reader: TraceReader) -> list[str]:
     ep, end = _dict(reader.episode), _dict(reader.end)
     lines = [f"{reader.path}", reader.status.message]
-    if ep:
+    if ep.get("episode") is not None:
         lines.append(f"episode {ep.get('episode')} of run {ep.get('run')}, task {ep.get('task')!r},"
                      f" {ep.get('hz')} Hz, ticks every {ep.get('tick_every')}")
+    elif ep:  # the run's session file: what came outside the episodes (commands, faults)
+        lines.append(f"session of run {ep.get('run')}: what came outside the episodes")
     if end:
         lines.append(f"outcome {end.get('outcome')}, verdict {json.dumps(end.get('verdict'))},"
                      f" {end.get('ticks')} ticks, {end.get('duration_s')} s")
