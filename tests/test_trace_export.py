@@ -215,7 +215,7 @@ def test_cli_export(tmp_path):
             "--lerobot", str(tmp_path / "ds")]
     proc = subprocess.run(argv, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
-    assert "1 episodes, 40 frames at 30 fps, cameras: top, wrist (mpeg4)" in proc.stdout
+    assert "1 episode, 40 frames at 30 fps, cameras: top, wrist (mpeg4)" in proc.stdout
 
 
 def test_export_names_a_bad_tick(tmp_path, capsys):
