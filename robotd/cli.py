@@ -13,7 +13,7 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
-from robotd.config import DEFAULT_CONFIG, Config, _parse_value, load_config
+from robotd.config import DEFAULT_CONFIG, Config, Loaded, _parse_value, load
 from robotd.config.sections import HANG_MIN_S, hang_floor_problem
 from robotd.errors import ConfigError
 
@@ -59,6 +59,11 @@ def _parser() -> argparse.ArgumentParser:
     unit = sub.add_parser("unit", help="print the systemd unit for this installation")
     unit.add_argument("--prefix", type=Path, default=None, help="where robotd is installed")
     unit.add_argument("--config", default="/etc/robotd/robot.toml", help="the robot's config")
+    unit.add_argument(
+        "--allow-missing",
+        action="store_true",
+        help="print it even when PREFIX/bin/robotd is not an executable file (yet)",
+    )
 
     check = sub.add_parser("check", help="validate a robot config and print it resolved")
     check.add_argument("--config", type=Path, default=DEFAULT_CONFIG)
@@ -172,20 +177,28 @@ def _policy_kwargs(args: argparse.Namespace) -> dict:
 
 
 def _print_unit(args: argparse.Namespace) -> int:
-    from robotd.runtime.unit import render_unit
+    from robotd.runtime.unit import exec_start_problem, render_unit
 
+    problem = None if args.allow_missing else exec_start_problem(args.prefix)
+    if problem is not None:  # systemd would say so only when the service starts
+        print(
+            f"robotd unit: ExecStart: {problem}; no unit written (--allow-missing writes "
+            "one for an installation made later or on another machine)",
+            file=sys.stderr,
+        )
+        return 2
     print(render_unit(args.prefix, config=args.config), end="")
     return 0
 
 
-def _load_checked(args: argparse.Namespace) -> Config:
-    """The config, with what start-up needs before anything moves: tcp endpoints only with
-    usable CURVE keys."""
+def _load_checked(args: argparse.Namespace) -> Loaded:
+    """The config (with what its load knew), with what start-up needs before anything
+    moves: tcp endpoints only with usable CURVE keys."""
     from robotd.operator.server import check_operator
 
-    cfg = load_config(args.config, args.overrides)
-    check_operator(cfg, str(args.config))
-    return cfg
+    loaded = load(args.config, args.overrides)
+    check_operator(loaded.config, str(args.config))
+    return loaded
 
 
 def _serve(args: argparse.Namespace) -> int:
@@ -250,7 +263,7 @@ def _emulate(args: argparse.Namespace, cfg: Config) -> tuple[Config, Callable[[]
     try:
         extra, stop = start_emulation(cfg)
         args.overrides = [*args.overrides, *extra]
-        return _load_checked(args), stop
+        return _load_checked(args).config, stop
     except (ConfigError, RuntimeError) as exc:
         if stop is not None:
             stop()
@@ -275,14 +288,15 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "unit":
         return _print_unit(args)
     try:
-        cfg = _load_checked(args)
+        loaded = _load_checked(args)
     except ConfigError as exc:
         print(f"robotd: {exc}", file=sys.stderr)
         return 2
     if args.command == "check":
         from robotd.check import check
 
-        return check(args, cfg)
+        return check(loaded)
+    cfg = loaded.config
     if cfg.control.clock == "virtual":
         print(
             "robotd: control.clock: 'virtual' runs in one process without wall time "

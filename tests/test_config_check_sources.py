@@ -14,9 +14,9 @@ import cv2
 import numpy as np
 import pytest
 
-from robotd.check import source_problem
+from drivers.opencv.options import source_problem
 from robotd.cli import main
-from robotd.config import DEFAULT_CONFIG
+from robotd.config import DEFAULT_CONFIG, load
 
 linux = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="/dev/videoN is Linux's")
 
@@ -65,6 +65,21 @@ def test_a_device_index_with_no_device_is_refused_naming_its_path(tmp_path, caps
 
 
 @linux
+@pytest.mark.skipif(Path("/dev/video0").exists(), reason="the default source is device 0")
+def test_a_camera_a_set_made_is_blamed_on_that_set_not_the_file(tmp_path, capsys):
+    # The file has no camera "extra": the first --set made its table, whose default source
+    # (device 0) names no device. The key is the file's no more than the --set's own.
+    config = opencv_config(tmp_path, "rtsp://cam/s")
+    made = ('cameras.extra.driver="opencv"', "cameras.extra.width=64")
+    code, err = check(config, capsys, *made, "cameras.extra.height=48", "cameras.extra.fps=10")
+    assert (code, err) == (
+        2,
+        'robotd: --set cameras.extra.driver: cameras.extra.options.source: 0: no such device '
+        "(/dev/video0)\n",
+    )
+
+
+@linux
 def test_a_missing_device_index_is_what_a_fallback_is_for(tmp_path, capsys):
     n = absent_index()
     assert check(opencv_config(tmp_path, n, fallback="pattern"), capsys)[0] == 0
@@ -73,6 +88,20 @@ def test_a_missing_device_index_is_what_a_fallback_is_for(tmp_path, capsys):
     code, err = check(opencv_config(tmp_path, n, fallback="gone.mp4"), capsys)
     assert code == 2
     assert err.endswith(f"; and fallback: {tmp_path / 'gone.mp4'}: no such file\n")
+
+
+def test_check_is_given_the_options_the_load_validated(tmp_path):
+    # what `robotd check` hands each camera's preflight: the load's own, not validated again
+    from drivers.opencv.camera import OpenCVOptions
+
+    config = opencv_config(tmp_path, "rtsp://cam/s", fallback="pattern")
+    loaded = load(config, ["cameras.top.options.backend=\"ffmpeg\""])
+    top = loaded.camera_options["top"]
+    assert isinstance(top, OpenCVOptions)
+    assert (top.source, top.fallback, top.backend) == ("rtsp://cam/s", "pattern", "ffmpeg")
+    assert loaded.camera_options["wrist"] is not None  # a sim camera: its own model
+    assert loaded.blame("cameras.top.options.backend") == "--set cameras.top.options.backend"
+    assert loaded.blame("cameras.top.options.source") == f"{config}: cameras.top.options.source"
 
 
 def test_a_device_index_that_exists_is_taken(tmp_path):
@@ -85,6 +114,17 @@ def test_a_device_index_that_exists_is_taken(tmp_path):
     )
     # 200 with backend any is OpenCV's spelling of V4L2's device 0: not ours to judge
     assert source_problem(OpenCVOptions(source=200), tmp_path, devices=tmp_path) is None
+
+
+def test_the_drivers_preflight_holds_the_url_and_index_rules(tmp_path):
+    from drivers.opencv.camera import OpenCVCamera, OpenCVOptions
+
+    bad = OpenCVCamera.preflight(OpenCVOptions(source="rstp://cam/s"), tmp_path)
+    assert bad is not None and bad.startswith("source: rstp://cam/s: scheme 'rstp' is not one")
+    assert OpenCVCamera.preflight(OpenCVOptions(source="rtsp://cam/s"), tmp_path) is None
+    if sys.platform.startswith("linux") and not Path("/dev/video63").exists():
+        gone = OpenCVCamera.preflight(OpenCVOptions(source=63), tmp_path)
+        assert gone == "source: 63: no such device (/dev/video63)"
 
 
 @pytest.mark.parametrize(

@@ -64,6 +64,12 @@ def test_check_refuses_a_run_dir_that_cannot_be_made(tmp_path):
     assert code == 2 and err.startswith(f"robotd: {path}: runtime.dir: /proc/nope: cannot")
 
 
+def test_a_run_dir_in_a_table_a_set_made_is_blamed_on_that_set_not_the_file(tmp_path):
+    # the --set gives the whole [runtime] table (the file has none): its key is the --set's
+    code, err = check(write(tmp_path, SIM), 'runtime={dir="/proc/nope"}')
+    assert code == 2 and err.startswith("robotd: --set runtime.dir: /proc/nope: cannot create it")
+
+
 def test_check_still_passes_a_good_config(tmp_path):
     run_dir = tmp_path / "run"
     assert check(write(tmp_path, SIM), f'runtime.dir="{run_dir}"')[0] == 0

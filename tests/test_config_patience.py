@@ -85,3 +85,34 @@ def test_every_shipped_config_finds_a_hang_before_it_starves(path: Path):
     cfg = load_config(path)
     local = cfg.policy.link == "robotd" and not cfg.policy.worker
     assert not local or cfg.policy.hang_s < cfg.control.max_hold_steps / cfg.control.hz
+
+
+def error(path: Path | None, *overrides: str) -> str:
+    with pytest.raises(ConfigError) as err:
+        load_config(path, list(overrides))
+    return str(err.value)
+
+
+def test_a_patience_past_ten_minutes_is_refused_naming_max_hold_steps():
+    assert load_config(None, ["control.max_hold_steps=18000"]).control.max_hold_steps == 18000
+    assert error(None, "control.max_hold_steps=18001") == (
+        "--set control.max_hold_steps: must be at most 18000 at control.hz = 30 (600 s of "
+        "holds), got 18001 (600.03 s): a policy silent that long is gone, not slow"
+    )
+    # the bound is in time: at 2000 Hz ten minutes are 1.2 million steps
+    fast = load_config(None, ["control.hz=2000", "control.max_hold_steps=1200000"])
+    assert fast.control.max_hold_steps == 1_200_000
+
+
+def test_a_patience_made_too_long_by_a_slower_rate_blames_the_rate(tmp_path: Path):
+    path = tmp_path / "x.toml"
+    text = DEFAULT_CONFIG.read_text()
+    path.write_text(text.replace("max_hold_steps = 300", "max_hold_steps = 18000"))
+    assert error(path, "control.hz=20").startswith(
+        "--set control.hz: control.max_hold_steps: must be at most 12000 at control.hz = 20 "
+    )
+    assert error(path, "control.hz=20", "control.max_hold_steps=12001").startswith(
+        "--set control.max_hold_steps: must be at most 12000"
+    )
+    path.write_text(text.replace("max_hold_steps = 300", "max_hold_steps = 99999"))
+    assert error(path).startswith(f"{path}: control.max_hold_steps: must be at most 18000 ")

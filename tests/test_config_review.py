@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from drivers.opencv.camera import OpenCVOptions
-from robotd.check import source_problem
+from drivers.opencv.options import source_problem
 from robotd.config import DEFAULT_CONFIG, load_config
 from robotd.errors import ConfigError
 

@@ -33,19 +33,51 @@ def test_the_shipped_unit_is_the_rendered_one():
     assert (SYSTEMD / "robotd.service").read_text() == render_unit(Path("/opt/robotd"))
 
 
-def test_robotd_unit_prints_it_for_a_prefix(tmp_path):
-    out = subprocess.run(
-        [sys.executable, "-m", "robotd", "unit", "--prefix", "/srv/robot env"],
+def _robotd_unit(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "robotd", "unit", *args],
         cwd=REPO,
         capture_output=True,
         text=True,
         timeout=60,
     )
+
+
+def test_robotd_unit_prints_it_for_a_prefix(tmp_path):
+    # Not installed there (yet): said so unless --allow-missing (test below).
+    out = _robotd_unit("--prefix", "/srv/robot env", "--allow-missing")
     assert out.returncode == 0, out.stderr
     assert 'ExecStart="/srv/robot env/bin/robotd" run --config /etc/robotd/robot.toml' in out.stdout
     assert "ProtectHome=yes" in out.stdout
     home = render_unit(Path("/home/op/robotd"))
     assert "ProtectHome=read-only" in home and "/home/op/robotd/bin/robotd run" in home
+
+
+def _robotd_at(prefix: Path, mode: int) -> Path:
+    robotd = prefix / "bin" / "robotd"
+    robotd.parent.mkdir(parents=True)
+    robotd.write_text("#!/bin/sh\n")
+    robotd.chmod(mode)
+    return robotd
+
+
+def test_robotd_unit_refuses_a_program_that_is_not_there_or_not_executable(tmp_path):
+    for prefix, why in (
+        (tmp_path / "nowhere", "does not exist"),
+        (_robotd_at(tmp_path / "plain", 0o644).parents[1], "is not executable"),
+    ):
+        out = _robotd_unit("--prefix", str(prefix))
+        assert out.returncode == 2 and out.stdout == "", out
+        assert out.stderr.startswith(f"robotd unit: ExecStart: {prefix}/bin/robotd {why}")
+        assert "no unit written" in out.stderr and "--allow-missing" in out.stderr
+        allowed = _robotd_unit("--prefix", str(prefix), "--allow-missing")
+        assert allowed.returncode == 0 and f"ExecStart={prefix}/bin/robotd run" in allowed.stdout
+    there = _robotd_at(tmp_path / "installed", 0o755)
+    out = _robotd_unit("--prefix", str(there.parents[1]))
+    assert out.returncode == 0 and out.stderr == "" and f"ExecStart={there} run" in out.stdout
+    if (Path(sys.prefix) / "bin" / "robotd").exists():  # the environment running it
+        here = _robotd_unit()
+        assert here.returncode == 0 and here.stderr == "", here.stderr
 
 
 @needs_systemd

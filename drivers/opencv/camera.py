@@ -15,11 +15,10 @@ from __future__ import annotations
 
 import contextlib
 from pathlib import Path
-from typing import ClassVar, Literal
+from typing import ClassVar
 
 import cv2
 import numpy as np
-import pydantic
 
 from drivers.base import (
     Camera,
@@ -28,40 +27,9 @@ from drivers.base import (
     DriverFault,
     DriverOptions,
     FrameSink,
-    exact_kind,
 )
-from drivers.opencv.source import CaptureSource, PatternSource, probe
-
-
-class OpenCVOptions(DriverOptions):
-    source: int | str = 0  # device index, /dev/videoN, a video file, or a URL
-    fourcc: str = "MJPG"  # asked of a device; "" leaves the device's own
-    backend: Literal["any", "v4l2", "ffmpeg"] = "any"
-    fit: Literal["stretch", "crop", "pad"] = "stretch"
-    loop: bool = True  # a file starts again at its end (else: it ended, reconnect)
-    fallback: str = "none"  # none | pattern | a video file, when the source is absent at open
-    reconnect_timeout_s: float = pydantic.Field(30.0, gt=0)
-    backoff_min_s: float = pydantic.Field(0.1, gt=0)
-    backoff_max_s: float = pydantic.Field(2.0, gt=0)
-
-    @pydantic.field_validator("source", mode="before")
-    @classmethod
-    def _source(cls, value: object) -> int | str:
-        # one rule for the union: `source = true` is no device 1, nor 1.0 device 1
-        said = "a device index (an integer) or a path or URL (a string)"
-        value = exact_kind(value, (int, str), said)
-        if isinstance(value, int) and value < 0:
-            raise ValueError(f"a device index is >= 0, got {value}")
-        if isinstance(value, str) and not value.strip():
-            raise ValueError("an empty source")
-        return value
-
-    @pydantic.field_validator("fourcc")
-    @classmethod
-    def _fourcc(cls, value: str) -> str:
-        if value and (len(value) != 4 or not value.isascii()):
-            raise ValueError(f"a FOURCC is 4 ASCII characters (MJPG, YUYV), got {value!r}")
-        return value
+from drivers.opencv.options import OpenCVOptions, beside_config, preflight
+from drivers.opencv.source import CaptureSource, PatternSource
 
 
 class OpenCVCamera(Camera):
@@ -151,15 +119,12 @@ class OpenCVCamera(Camera):
     @classmethod
     def preflight(cls, options: DriverOptions, config_dir: Path | None) -> str | None:
         """What `robotd check` refuses before anything runs: a source that can never
-        deliver (a file that is missing or does not decode, a /dev path naming nothing)
-        without a usable fallback. None when fine, else "KEY: SOURCE: why" (KEY under the
+        deliver (a file that is missing or does not decode, a /dev path or device index
+        naming nothing, a malformed stream URL) without a usable fallback (the rules:
+        drivers.opencv.options). None when fine, else "KEY: SOURCE: why" (KEY under the
         camera's options)."""
         assert isinstance(options, OpenCVOptions)
-        source = beside_config(options.source, config_dir)
-        why = probe(source, options.backend)
-        if why is None:
-            return None
-        return unless_fallback(f"source: {source}: {why}", options, config_dir)
+        return preflight(options, config_dir)
 
     def _start(self, src: CaptureSource | PatternSource, quiet: bool = False) -> str | None:
         s, fourcc = self.spec, self.options.fourcc if src.kind == "device" else None
@@ -225,28 +190,6 @@ class OpenCVCamera(Camera):
                 f"({(self.context.clock() - self._lost_at) / 1e9:.1f} s)"
             )
         return True
-
-
-def unless_fallback(problem: str, options: OpenCVOptions, config_dir: Path | None) -> str | None:
-    """`problem` (a source that can never deliver), unless the camera's fallback serves
-    instead: None with the pattern, else the problem, and the fallback's own when it is a
-    source that cannot deliver either."""
-    if options.fallback == "pattern":
-        return None
-    if options.fallback == "none":
-        return problem
-    fallback = beside_config(options.fallback, config_dir)
-    also = probe(fallback, "any")
-    return None if also is None else f"{problem}; and fallback: {fallback}: {also}"
-
-
-def beside_config(source: int | str, config_dir: Path | None) -> int | str:
-    """A relative file path names a file beside the robot's config, not one in the
-    daemon's working directory."""
-    if not isinstance(source, str) or config_dir is None or "://" in source:
-        return source
-    path = Path(source)
-    return source if path.is_absolute() else str(config_dir / path)
 
 
 def _quiet_opencv() -> None:

@@ -5,11 +5,14 @@ model, so a typo in `[joints.options]` is caught at start-up and not at the firs
 from robotd.config.load import (
     DEFAULT_CONFIG,
     SERVICE_RUN_DIR,
+    Loaded,
     _default_config,
     _parse_value,
     config_from_dict,
     default_run_dir,
+    load,
     load_config,
+    loaded_from_dict,
     runtime_dir,
 )
 from robotd.config.model import Config
@@ -31,6 +34,7 @@ __all__ = [
     "Config",
     "ControlConfig",
     "JointsConfig",
+    "Loaded",
     "OpenpiConfig",
     "PolicyConfig",
     "RobotConfig",
@@ -40,6 +44,8 @@ __all__ = [
     "_parse_value",
     "config_from_dict",
     "default_run_dir",
+    "load",
     "load_config",
+    "loaded_from_dict",
     "runtime_dir",
 ]

@@ -15,7 +15,8 @@ import math
 import os
 import stat
 import tomllib
-from collections.abc import Collection, Iterable, Iterator, Sequence
+from collections.abc import Collection, Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -51,10 +52,33 @@ def _default_config(repo_file: Path) -> Path:
 DEFAULT_CONFIG = _default_config(Path(__file__).resolve().parents[2] / "config" / "sim.toml")
 
 
+@dataclass(frozen=True)
+class Loaded:
+    """A loaded config and what its load knew: where it came from (`where`, the file as
+    errors name it; `origins`, what each --set gave or made) and each camera's options as
+    its driver's model validated them (by camera name), for the checks made after load
+    (`robotd check`) to name a key and check options as the load did, not again."""
+
+    config: Config
+    where: str
+    origins: Origins
+    camera_options: Mapping[str, BaseModel]
+
+    def blame(self, key: str) -> str:
+        """How an error names `key`: the --set that gave it (or made its table), else the
+        file (`overrides.blame`, the rule load's own errors follow)."""
+        return blame(self.where, key, self.origins)
+
+
 def load_config(
     path: str | os.PathLike[str] | None = None, overrides: Sequence[str] = ()
 ) -> Config:
     """Read, override and validate a robot config; ConfigError names file, key path and rule."""
+    return load(path, overrides).config
+
+
+def load(path: str | os.PathLike[str] | None = None, overrides: Sequence[str] = ()) -> Loaded:
+    """`load_config`, with what the load knew (`Loaded`)."""
     path = Path(path) if path is not None else DEFAULT_CONFIG
     where = str(path)
     try:
@@ -74,7 +98,7 @@ def load_config(
         raise ConfigError(f"{where}: not valid TOML: {exc}") from None
     except RecursionError:  # the parser recurses once per nested array or inline table
         raise ConfigError(f"{where}: not valid TOML: {TOO_DEEP}") from None
-    return config_from_dict(raw, where=where, overrides=overrides)
+    return loaded_from_dict(raw, where=where, overrides=overrides)
 
 
 def config_from_dict(
@@ -83,6 +107,13 @@ def config_from_dict(
     """`raw` (a parsed TOML file) with its overrides applied, validated: ConfigError with
     one line per problem, every one found (the driver options against the joints and the
     tick timing are checked once the config itself is valid)."""
+    return loaded_from_dict(raw, where=where, overrides=overrides).config
+
+
+def loaded_from_dict(
+    raw: dict[str, Any], *, where: str = "<config>", overrides: Iterable[str] = ()
+) -> Loaded:
+    """`config_from_dict`, with what the load knew (`Loaded`)."""
     origins: Origins = {}
     deep = too_deep(raw)
     if deep is not None:
@@ -100,11 +131,13 @@ def config_from_dict(
         cfg = Config.model_validate(raw, strict=True)
     except ValidationError as exc:
         problems += error_lines(exc.errors(), where, origins, skip=skip)
-    joint_options, found = _check_driver_options(raw, cfg, where, origins, skip)
+    options, found = _check_driver_options(raw, cfg, where, origins, skip)
     problems += found
     if problems or cfg is None:
         raise ConfigError("\n".join(problems))
-    return _check_tick_timing(cfg, joint_options, where, origins)
+    cfg = _check_tick_timing(cfg, options.get("joints"), where, origins)
+    cameras = {k.removeprefix("cameras."): v for k, v in options.items() if k != "joints"}
+    return Loaded(cfg, where, origins, cameras)
 
 
 def _driver_tables(raw: dict[str, Any]) -> Iterator[tuple[str, str, dict[str, Any], str]]:
@@ -125,14 +158,15 @@ def _driver_tables(raw: dict[str, Any]) -> Iterator[tuple[str, str, dict[str, An
 
 def _check_driver_options(
     raw: dict[str, Any], cfg: Config | None, where: str, origins: Origins, skip: Collection[str]
-) -> tuple[BaseModel | None, list[str]]:
+) -> tuple[dict[str, BaseModel], list[str]]:
     """Each driver's options validated by the driver's own Options model, at load (even
     when the rest of the config is not valid), and the joint driver's against the joints
-    (`check_joint_options`, with a valid `cfg`): (the joint driver's validated options,
-    for the checks against the config; a line per problem)."""
+    (`check_joint_options`, with a valid `cfg`): (each driver's validated options by its
+    table's key, "joints" or "cameras.NAME", for the checks against the config and after
+    load; a line per problem)."""
     from drivers.base import DriverConfigError, check_joint_options, driver_class
 
-    joint_options = None
+    validated_options: dict[str, BaseModel] = {}
     problems: list[str] = []
     for kind, driver, options, key in _driver_tables(raw):
         try:
@@ -141,15 +175,16 @@ def _check_driver_options(
             continue  # reported with its section (joints.driver, cameras.NAME.driver)
         validated, errors = validate_strictly(cls.Options, options)
         problems += error_lines(errors, where, origins, f"{key}.options", skip)
+        if validated is not None:
+            validated_options[key] = validated
         if kind == "joints" and validated is not None and cfg is not None:
-            joint_options = validated
             try:
                 check_joint_options(cls, cfg.joints.names, validated)
             except ValueError as exc:
                 # every such rule is about the joints: a --set of joints.names is to blame
                 at, why = _option_key(str(exc), validated)
                 problems.append(f"{blame_keys(where, [at, 'joints.names'], origins)}: {why}")
-    return joint_options, problems
+    return validated_options, problems
 
 
 def _option_key(text: str, options: BaseModel) -> tuple[str, str]:

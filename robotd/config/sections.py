@@ -3,6 +3,7 @@ cameras, policy, runtime (the trace section's model is robotd.trace.options)."""
 
 from __future__ import annotations
 
+import math
 import os
 import re
 from typing import Annotated, Any, Literal
@@ -106,6 +107,10 @@ class RobotConfig(_Model):
 
 
 MIN_HZ = 1  # control.hz
+# The robot's patience, control.max_hold_steps / control.hz: ten minutes of holding, the
+# cap of every wait the config sets (policy.timeout_s, stream_wait_s, hang_s). A policy
+# silent longer is gone, not slow: more is a typo (30000 for 300 holds 16 min at 30 Hz).
+PATIENCE_MAX_S = 600.0
 
 
 class ControlConfig(_Model):
@@ -133,7 +138,7 @@ class ControlConfig(_Model):
     # virtual clock: fixed policy latency (None = measured), the stand-in for an act's round
     # trip: a minute is far past any policy a robot waits for (and the default patience, 10 s)
     latency_s: float | None = Field(None, ge=0, le=60)
-    max_hold_steps: int = Field(300, ge=1)
+    max_hold_steps: int = Field(300, ge=1)  # at most PATIENCE_MAX_S of holds (_patience)
     max_steps: int = Field(0, ge=0)  # 0 = no limit
     control_mode: Literal["absolute", "delta", "velocity"] = "absolute"
     # a worker-side episode reset: flush the queue and hold until the new episode's first
@@ -155,6 +160,20 @@ class ControlConfig(_Model):
         if value < MIN_HZ:
             raise ValueError(f"must be >= {MIN_HZ} (a control rate in Hz), got {value!r}")
         return value
+
+    @model_validator(mode="after")
+    def _patience(self) -> ControlConfig:
+        """The robot's patience, max_hold_steps / hz, at most PATIENCE_MAX_S (the rule is
+        about both keys: a --set of either is to blame)."""
+        most = math.floor(PATIENCE_MAX_S * self.hz)
+        if self.max_hold_steps > most:
+            text = (
+                f"must be at most {most} at control.hz = {self.hz:g} ({PATIENCE_MAX_S:g} s "
+                f"of holds), got {self.max_hold_steps} ({self.max_hold_steps / self.hz:.5g} "
+                "s): a policy silent that long is gone, not slow"
+            )
+            raise_any([(("max_hold_steps", "hz"), text)])
+        return self
 
     @field_validator("refill_steps", mode="before")
     @classmethod

@@ -11,6 +11,7 @@ in the source tree is this, rendered for /opt/robotd.
 
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 
@@ -113,11 +114,30 @@ def _under_home(path: Path) -> bool:
     return any(path == p or p in path.parents for p in (Path("/home"), Path("/root")))
 
 
+def _prefix(prefix: Path | None) -> Path:
+    return Path(prefix).absolute() if prefix is not None else Path(sys.prefix)
+
+
+def exec_start_problem(prefix: Path | None = None) -> str | None:
+    """Why the unit's ExecStart program (`prefix`/bin/robotd) could not be started, naming
+    it; None when it is an executable file. (systemd would refuse it only when the service
+    starts: "is not executable".)"""
+    robotd = _prefix(prefix) / "bin" / "robotd"
+    if not robotd.exists():
+        return f"{robotd} does not exist (is robotd installed at {robotd.parent.parent}?)"
+    if not robotd.is_file():
+        return f"{robotd} is not a file"
+    if not os.access(robotd, os.X_OK):
+        return f"{robotd} is not executable"
+    return None
+
+
 def render_unit(prefix: Path | None = None, *, config: str = DEFAULT_CONFIG) -> str:
     """The unit for robotd installed at `prefix` (its bin/robotd), by default the Python
     environment running this. An installation under /home or /root gets ProtectHome=
-    read-only (hidden, the daemon could not start)."""
-    prefix = Path(prefix).absolute() if prefix is not None else Path(sys.prefix)
+    read-only (hidden, the daemon could not start). It names `prefix`/bin/robotd whether
+    or not it is there: `robotd unit` checks it first (exec_start_problem)."""
+    prefix = _prefix(prefix)
     robotd = prefix / "bin" / "robotd"
     words = [str(robotd), "run", "--config", config, "--no-status"]
     exec_start = " ".join(_systemd_word(w) for w in words)
