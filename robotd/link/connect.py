@@ -22,11 +22,13 @@ from robotd.link.steps import LinkCounters, RingFrames, StepReader, StepRing
 from robotd.link.uplink import Uplink
 from robotd.link.windows import WindowPlanner
 from robotd.shm import FrameRing
+from robotd.stream import zmtp
 from robotd.stream.endpoint import port_problem, worker_problem
 
 log = logging.getLogger("robotd.link")
 
 HELLO_DEADLINE_S = 30.0
+GREETING_WAIT_S = 0.5  # a ZeroMQ socket greets a connection at once: this is generous
 
 
 class StartupError(RuntimeError):
@@ -96,31 +98,71 @@ async def hello(
                 ) from None
             if first:
                 first = False
-                log.info("%s: no answer yet (%s): waiting up to %g s", where, exc, wait_s)
+                why = await unreachable(endpoint) or str(exc) or type(exc).__name__
+                log.info("%s: no answer yet (%s): waiting up to %g s", where, why, wait_s)
             await anyio.sleep(max(0.0, min(0.2, deadline - time.monotonic())))
 
 
 async def unreachable(endpoint: str) -> str:
-    """Why nothing can be reached at a ZeroMQ endpoint (which does not say itself):
-    "connection refused" for a tcp port with no listener, "no socket file" for an ipc
-    path; "" when something is there (or for other endpoints)."""
+    """Why no ZeroMQ socket answers at a ZeroMQ endpoint (which does not say itself):
+    "connection refused" for a tcp port or socket file with no listener, "no socket file"
+    for an ipc path; for a listener that accepts a connection but sends no ZeroMQ greeting
+    (a ZeroMQ socket sends one at once), that, naming the stream endpoint it may be. ""
+    when a ZeroMQ socket is there (or for other endpoints)."""
     if endpoint.startswith("ipc://"):
         path = endpoint.removeprefix("ipc://")
-        return "" if os.path.exists(path) else f"no socket file {path}"
-    if not endpoint.startswith("tcp://"):
+        if not os.path.exists(path):
+            return f"no socket file {path}"
+        where = f"the socket {path}"
+    elif endpoint.startswith("tcp://"):
+        host, _, port = endpoint.removeprefix("tcp://").rpartition(":")
+        where = f"{host}:{port}"
+    else:
         return ""
-    host, _, port = endpoint.removeprefix("tcp://").rpartition(":")
     try:
         with anyio.fail_after(1.0):  # asyncio's: anyio's connect_tcp hides the errno
-            _, writer = await asyncio.open_connection(host.strip("[]"), int(port))
+            if endpoint.startswith("ipc://"):
+                reader, writer = await asyncio.open_unix_connection(path)
+            else:
+                reader, writer = await asyncio.open_connection(host.strip("[]"), int(port))
     except TimeoutError:
-        return f"no tcp connection to {host}:{port} within 1 s"
+        return f"no connection to {where} within 1 s"
     except (OSError, ValueError) as exc:
         code = getattr(exc, "errno", None)
         text = os.strerror(code) if isinstance(code, int) and code > 0 else str(exc)
         return (text or type(exc).__name__).lower()
-    writer.close()
-    return ""
+    try:
+        return await _no_greeting(endpoint, reader)
+    finally:
+        writer.close()
+
+
+async def _no_greeting(endpoint: str, reader: asyncio.StreamReader) -> str:
+    """Why what answers on this connection to `endpoint` is no ZeroMQ socket (its first
+    bytes are no ZMTP signature, robotd.stream.zmtp), "" when it is one. At most the
+    signature's 10 bytes are read, for at most GREETING_WAIT_S."""
+    head = b""
+    ended = False
+    with anyio.move_on_after(GREETING_WAIT_S):
+        while zmtp.verdict(head) is None:
+            more = await reader.read(zmtp.SIGNATURE_SIZE - len(head))
+            if not more:
+                ended = True
+                break
+            head += more
+    if zmtp.verdict(head):
+        return ""
+    kind = "a TCP connection" if endpoint.startswith("tcp://") else "a connection"
+    if head:
+        came = f"answered with bytes that are no ZeroMQ greeting ({head.hex(' ')})"
+    elif ended:
+        came = "closed it with no ZeroMQ greeting"
+    else:
+        came = f"sent no ZeroMQ greeting within {GREETING_WAIT_S:g} s"
+    return (
+        f"the endpoint accepted {kind} but {came}: not a ZeroMQ socket (a worker on "
+        f"robotd's stream framing? connect with {zmtp.stream_endpoint(endpoint)})"
+    )
 
 
 def worker_endpoint_problem(link: str, endpoint: str) -> str | None:

@@ -11,7 +11,8 @@ As with the DEALER (IMMEDIATE): nothing is queued while no connection is up, a s
 waits until one is; a lost connection is dialled again every RECONNECT_S, and what was
 in flight on it is never answered (its callers time out, as over ZeroMQ). Replies are
 hostile: over `max_message_bytes` or a broken prefix closes the connection (logged) and
-it is dialled again.
+it is dialled again. A peer that greets as ZeroMQ does is named so (robotd.stream.zmtp), in
+`last_error` until it answers; a loss for the same reason is logged once per REPEAT_S.
 """
 
 from __future__ import annotations
@@ -27,13 +28,17 @@ from typing import Any
 import anyio
 
 from robotd.link.dealer import DealerClosed
+from robotd.repeats import Repeats
 from robotd.stream import endpoint as ep
-from robotd.stream.framing import FrameReader, FrameWriter, StreamBroken
+from robotd.stream import zmtp
+from robotd.stream.framing import FrameReader, FrameWriter, SpeaksZeroMQ, StreamBroken
 
 log = logging.getLogger("robotd.link")
 
 RECONNECT_S = 0.1  # as ZeroMQ's default reconnect interval
 MAX_QUEUED = 64 << 20  # bytes waiting to be written before a send waits
+REPEAT_S = 10.0  # a loss of a connection to an endpoint, for one reason: logged once a while
+_LOSSES = Repeats(REPEAT_S)  # across dealers: a hello retried makes a new one each time
 
 
 class StreamDealer:
@@ -62,6 +67,7 @@ class StreamDealer:
         self._writable: anyio.Event | None = None  # set when a waiting send may go
         self.connections = 0  # connections made (the first, then each reconnect)
         self.last_error = ""  # why the last dial failed ("" once one is up)
+        self._mismatch = ""  # the peer speaks ZeroMQ: kept in last_error until it answers
 
     @property
     def is_open(self) -> bool:
@@ -138,14 +144,17 @@ class StreamDealer:
         assert self._loop is not None
         self._sock = sock
         self.connections += 1
-        self.last_error = ""
+        self.last_error = self._mismatch
         self._reader = FrameReader(self.max_message_bytes)
         self._loop.add_reader(sock.fileno(), self._readable)
         self._wake()
 
-    def _lost(self, why: str) -> None:
+    def _lost(self, why: str, level: int = logging.INFO) -> None:
         """The connection ended or broke: drop it (and what it had not written), dial again."""
-        log.info("act connection to %s: %s; reconnecting", self.endpoint, why)
+        said = _LOSSES.say(f"{self.endpoint}: {why}")
+        if said is not None:
+            more = f" (+{said.unsaid} more in {said.since_s:.0f} s)" if said.unsaid else ""
+            log.log(level, "act connection to %s: %s; reconnecting%s", self.endpoint, why, more)
         self._hang_up()
         if self._loop is not None:
             self._retry = self._loop.call_later(RECONNECT_S, self._dial)
@@ -172,9 +181,15 @@ class StreamDealer:
             return
         try:
             messages = self._reader.receive(sock)
+        except SpeaksZeroMQ:
+            self.last_error = self._mismatch = zmtp.zeromq_peer(self.endpoint)
+            self._lost(self._mismatch, logging.WARNING)
+            return
         except StreamBroken as why:
             self._lost(str(why))
             return
+        if messages and self._mismatch:
+            self.last_error = self._mismatch = ""
         for frames in messages:
             try:
                 self.on_message(frames)

@@ -10,7 +10,9 @@ body) and writes them with `sendmsg` as far as a non-blocking socket takes them.
 socket for a large frame (no copy through a staging buffer), and hands out each message
 once complete. Everything read is hostile: a count out of range, a total over
 `max_bytes` or the peer's end is `StreamBroken`, after which the stream is unusable (its
-framing can no longer be trusted) and the connection must be closed.
+framing can no longer be trusted) and the connection must be closed. A stream that opens
+with a ZeroMQ greeting (robotd.stream.zmtp: exact, at most its 10 bytes held to tell) is
+`SpeaksZeroMQ`: an endpoint of the other kind, named so.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from typing import Any
 import numpy as np
 
 from robotd import framed
+from robotd.stream import zmtp
 
 COUNT = struct.Struct("<I")
 LENGTH = struct.Struct("<Q")
@@ -51,6 +54,11 @@ class StreamBroken(Exception):
 
 class StreamEnded(StreamBroken):
     """The peer closed the stream, between messages or in one (no framing was broken)."""
+
+
+class SpeaksZeroMQ(StreamBroken):
+    """The peer opened the stream with a ZeroMQ (ZMTP) greeting: it is a ZeroMQ socket, not
+    robotd's stream framing (robotd.stream.zmtp)."""
 
 
 def _read(sock: Any, views: list[memoryview]) -> int | None:
@@ -192,6 +200,7 @@ class FrameReader:
         self._frames: list[Frame] = []  # the message being filled
         self._index = 0  # the frame being filled
         self._got = 0  # bytes of it read
+        self._opening: bytearray | None = bytearray()  # the stream's first bytes, until told
         self.received_bytes = 0
 
     def receive(self, sock: Any) -> list[list[Frame]]:
@@ -258,6 +267,8 @@ class FrameReader:
         return min(SCRATCH, len(frame) - self._got + PREFIX_READ)
 
     def _consume(self, data: memoryview, done: list[list[Frame]]) -> None:
+        if self._opening is not None:
+            data = self._open_stream(data)
         while data:
             if not self._frames:  # between messages, or in a prefix cut across reads
                 data = self._begin(data, done)
@@ -268,6 +279,24 @@ class FrameReader:
             self._got += take
             data = data[take:]
             self._advance(done)
+
+    def _open_stream(self, data: memoryview) -> memoryview:
+        """The stream's first bytes: SpeaksZeroMQ for a ZMTP signature; else what is to be
+        parsed as framing (those held back to tell, then `data`'s rest). A stream that
+        opens with 0xFF has its first 10 bytes held (`_opening`) until they tell."""
+        opening = self._opening
+        assert opening is not None
+        take = min(len(data), zmtp.SIGNATURE_SIZE - len(opening))
+        opening += data[:take]
+        told = zmtp.verdict(opening)
+        if told is None:
+            return data[len(data) :]  # all held: wait for the rest of the signature
+        if told:
+            raise SpeaksZeroMQ("the peer speaks ZeroMQ (a ZMTP greeting), not robotd's framing")
+        self._opening = None
+        if len(opening) == take:  # nothing was held back: parse `data` itself
+            return data
+        return memoryview(bytes(opening) + bytes(data[take:]))  # once a stream, <= 4 KiB
 
     def _begin(self, data: memoryview, done: list[list[Frame]]) -> memoryview:
         """A message's start: its prefix parsed, the message cut straight out of `data`

@@ -13,6 +13,8 @@ message over `max_message_bytes` or a broken prefix closes its peer, reads are b
 turn, and a reply to a peer that does not read its replies is dropped (counted, logged)
 while more than MAX_PENDING bytes wait behind the one being written, as a ROUTER drops
 messages past its high-water mark: a slow reader of one huge reply keeps its connection.
+A ZeroMQ client (its ZMTP greeting: robotd.stream.zmtp) is closed with a line saying to
+connect with stream+…, at most once a minute per host (robotd.repeats).
 """
 
 from __future__ import annotations
@@ -29,14 +31,22 @@ from typing import Any
 
 import zmq
 
+from robotd.repeats import Repeats
 from robotd.stream import endpoint as ep
-from robotd.stream.framing import FrameReader, FrameWriter, StreamBroken, StreamEnded
+from robotd.stream.framing import (
+    FrameReader,
+    FrameWriter,
+    SpeaksZeroMQ,
+    StreamBroken,
+    StreamEnded,
+)
 
 log = logging.getLogger("robotd.worker")
 
 MAX_PEERS = 64
 MAX_PENDING = 64 << 20
 BACKLOG = 16
+ZEROMQ_EVERY_S = 60.0  # a ZeroMQ client redials every 100 ms: one line a minute per host
 # The poller's flags as plain ints: zmq's are enum flags, and `|` on those costs microseconds.
 POLLIN, POLLOUT, POLLERR = int(zmq.POLLIN), int(zmq.POLLOUT), int(zmq.POLLERR)
 
@@ -58,11 +68,13 @@ class StreamRouter:
         self.max_message_bytes = max_message_bytes
         self.generation = 0  # changes when fds() would answer differently
         self.refused_peers = 0
+        self.bound = endpoint  # once bound: the endpoint listened on (tcp port 0: chosen)
         self._addr = ep.parse(endpoint, bind=True)
         self._listener: socket.socket | None = None
         self._peers: dict[int, _Peer] = {}  # descriptor -> peer
         self._by_identity: dict[bytes, _Peer] = {}
         self._ids = itertools.count(1)
+        self._zeromq_clients = Repeats(ZEROMQ_EVERY_S)
 
     def bind(self) -> str:
         """Listen; the endpoint bound (for tcp port 0, the port chosen). OSError if not."""
@@ -85,7 +97,8 @@ class StreamRouter:
             raise
         self._listener = sock
         self.generation += 1
-        return ep.bound_endpoint(sock, addr)
+        self.bound = ep.bound_endpoint(sock, addr)
+        return self.bound
 
     def fds(self) -> dict[int, int]:
         """Descriptor -> the zmq.Poller flags to wait for."""
@@ -112,6 +125,9 @@ class StreamRouter:
             if events & (POLLIN | POLLERR) and fd in self._peers:
                 try:
                     messages = peer.reader.receive(peer.sock)
+                except SpeaksZeroMQ:
+                    self._zeromq_client(peer)
+                    continue
                 except StreamBroken as why:
                     self._drop(peer, str(why), quiet=isinstance(why, StreamEnded))
                     continue
@@ -191,6 +207,33 @@ class StreamRouter:
         if peer.writer.wants_write != had:
             self.generation += 1
 
+    def _zeromq_client(self, peer: _Peer) -> None:
+        """The peer greeted as a ZeroMQ socket does: say what to connect with (the address
+        it reached, as a stream endpoint), once a while per host, and close it."""
+        there = _peer_address(peer.sock)
+        said = self._zeromq_clients.say(there.rpartition(":")[0])
+        if said is not None:
+            log.warning(
+                "a ZeroMQ client%s connected to the stream endpoint %s: connect with %s "
+                "(robotd's stream framing), or serve the worker on %s for ZeroMQ; closed it%s",
+                f" from {there}" if there else "",
+                self.bound,
+                self._reached(peer.sock),
+                ep.zmq_equivalent(self.bound),
+                f" (+{said.unsaid} more in {said.since_s:.0f} s)" if said.unsaid else "",
+            )
+        self._drop(peer, "", quiet=True)
+
+    def _reached(self, sock: socket.socket) -> str:
+        """The stream endpoint a client reached on `sock`: for tcp the address it connected
+        to (not a wildcard bound), for ipc the socket's path."""
+        if sock.family == socket.AF_UNIX:
+            return self.bound
+        try:
+            return ep.bound_endpoint(sock, self._addr)
+        except OSError:
+            return self.bound
+
     def _drop(self, peer: _Peer, why: str, *, quiet: bool = False) -> None:
         if not quiet:
             log.warning("act endpoint %s: closed a peer: %s", self.endpoint, why)
@@ -204,6 +247,17 @@ class StreamRouter:
 def _worth_a_line(count: int) -> bool:
     """Log the 1st, 10th, 100th and every 1000th of a repeated event, not each."""
     return count in (1, 10, 100) or count % 1000 == 0
+
+
+def _peer_address(sock: socket.socket) -> str:
+    """`host:port` of a tcp peer ("" for a unix one, whose end is unnamed, or when gone)."""
+    try:
+        addr = sock.getpeername()
+    except OSError:
+        return ""
+    if not isinstance(addr, tuple):
+        return ""
+    return f"[{addr[0]}]:{addr[1]}" if sock.family == socket.AF_INET6 else f"{addr[0]}:{addr[1]}"
 
 
 def _is_socket(path: str) -> bool:
