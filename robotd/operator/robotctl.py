@@ -4,14 +4,15 @@
     robotctl start [--task TEXT]
     robotctl params [set KEY=VALUE ...]
     robotctl verdict --success|--failure [--notes TEXT] [--replace]
-    robotctl watch                       # live view; `e` sends an e-stop
+    robotctl watch [--seconds S] [--json] # live view; `e` sends an e-stop (a line per
+                                         # update when stdout is no terminal)
     robotctl keygen [--dir DIR] [--name NAME]
 
 Exit codes: 0 ok, 1 the daemon answered with an error (status and stats too when it says
 the control lane has gone silent), 2 no daemon answered (at once when its socket file is
 missing or dead, after --timeout, default 1 s, otherwise), 64 a usage error, 78 a bad
 config or key file. Output is for people unless --json (one JSON object on stdout,
-errors too).
+errors too; for watch, JSON lines: one object per update).
 """
 
 from __future__ import annotations
@@ -44,6 +45,25 @@ EXIT_OK, EXIT_ERROR, EXIT_UNREACHABLE, EXIT_USAGE, EXIT_CONFIG = 0, 1, 2, 64, 78
 __all__ = ["ControlClient", "estop", "main"]
 
 SIMPLE = ["status", "stop", "estop", "clear_fault", "reset_done", "stats"]
+SIMPLE_HELP = {  # what each does to the state machine (robotd/control/episode.py)
+    "status": "show the state (IDLE, RUNNING, ENDED, RESETTING, FAULT and its cause), "
+    "episode and step",
+    "stop": "end the running episode: RUNNING → ENDED (the robot holds where it is)",
+    "estop": "emergency stop: latch FAULT (cause e-stop) from any state, torque off by the "
+    "config's category; only clear_fault leaves it",
+    "clear_fault": "leave FAULT once its cause is gone: FAULT → IDLE (no motion until start)",
+    "reset_done": "the scene is reset after an episode: ENDED or RESETTING → IDLE, ready "
+    "for the next start (the robot does not move)",
+    "stats": "show the run's counters: rate, lateness, acts, holds, shield interventions",
+}
+WATCH_JSON = "JSON lines on stdout: one object per telemetry update"
+WATCH_TEXT = (
+    "The live view of the daemon's telemetry. On a terminal: a screen redrawn four times a "
+    "second; key e sends an e-stop, q quits. When stdout is not a terminal (a file, a "
+    "pipe), a line per update instead, each written at once; with --json, JSON lines: "
+    '{"ok": true, "telemetry": MESSAGE} per message, {"ok": false, "error": {code, '
+    "message}} when there is no daemon (unreachable) or updates stopped (stale)."
+)
 # Commands that change something: without a reply in time they may still be carried out.
 ACTING = frozenset({"start", "stop", "clear_fault", "reset_done", "verdict"})
 PARAMS_HINT = "say: robotctl params set KEY=VALUE"
@@ -103,7 +123,7 @@ class _Parser(argparse.ArgumentParser):
         self.exit(EXIT_USAGE, f"{self.prog}: error: {message}\n")
 
 
-def _common() -> argparse.ArgumentParser:
+def _common(json_help: str = "one JSON object on stdout") -> argparse.ArgumentParser:
     c = argparse.ArgumentParser(add_help=False)
     c.add_argument("--endpoint", default=None, help="control socket (default: found)")
     c.add_argument("--telemetry", default=None, help="telemetry socket (default: beside it)")
@@ -111,7 +131,7 @@ def _common() -> argparse.ArgumentParser:
     c.add_argument("--server-key", default=None, help="tcp: the daemon's public .key file")
     c.add_argument("--key", default=None, help="tcp: this client's .key_secret file")
     c.add_argument("--timeout", type=_seconds, default=DEFAULT_TIMEOUT_S, help="seconds to wait")
-    c.add_argument("--json", action="store_true", help="one JSON object on stdout")
+    c.add_argument("--json", action="store_true", help=json_help)
     return c
 
 
@@ -120,10 +140,10 @@ def _parser() -> argparse.ArgumentParser:
     p = _Parser(prog="robotctl", description="Drive a running robotd.")
     sub = p.add_subparsers(dest="command", required=True)
     for name in SIMPLE:
-        s = sub.add_parser(name, parents=[common])
+        s = sub.add_parser(name, parents=[common], help=SIMPLE_HELP[name])
         if name == "estop":
             s.add_argument("--reason", default="", help="why (logged, shown in the fault)")
-    start = sub.add_parser("start", parents=[common], help="start an episode")
+    start = sub.add_parser("start", parents=[common], help="start an episode: IDLE → RUNNING")
     start.add_argument("--task", default="", help="the episode's task text, for the policy")
     params = sub.add_parser("params", parents=[common], help="show (or set) parameters")
     params.add_argument("action", nargs="?", metavar="set", help="set KEY=VALUE ...")
@@ -134,7 +154,12 @@ def _parser() -> argparse.ArgumentParser:
     v.add_argument("--failure", action="store_true")
     verdict.add_argument("--notes", default="")
     verdict.add_argument("--replace", action="store_true", help="replace an earlier verdict")
-    watch = sub.add_parser("watch", parents=[common], help="live view; e sends an e-stop")
+    watch = sub.add_parser(
+        "watch",
+        parents=[_common(WATCH_JSON)],
+        help="live view; e sends an e-stop, q quits",
+        description=WATCH_TEXT,
+    )
     watch.add_argument("--seconds", type=_seconds, default=None, help="stop after this long")
     kg = sub.add_parser("keygen", help="make a CURVE key pair (NAME.key, NAME.key_secret)")
     kg.add_argument("--dir", type=Path, default=None, help="default: ~/.config/robotd")
@@ -241,7 +266,12 @@ def _run(args: argparse.Namespace, out: Output) -> int:
     if args.command == "watch":
         from robotd.operator.watch import watch
 
-        return watch(target, lambda: _watch_estop(target, args.timeout), seconds=args.seconds)
+        return watch(
+            target,
+            lambda: _watch_estop(target, args.timeout),
+            seconds=args.seconds,
+            as_json=args.json,
+        )
     if args.command == "estop":
         return _estop_command(target, args, out)
     request = _request_args(args)

@@ -172,3 +172,28 @@ def render(screen: Screen) -> Group:
         parts.append(Text(screen.notice, style=style))
     parts.append(Text("[e] E-STOP    [q] quit", style="bold"))
     return Group(*parts)
+
+
+def line(screen: Screen, stamp: str = "") -> str:
+    """The screen as one plain line, for a watcher without a terminal: the headline (no
+    daemon, stale, the state in words) and the main counters."""
+    head = f"{stamp} " if stamp else ""
+    if screen.msg is None:
+        why = screen.absent or "nothing heard yet"
+        return printable(f"{head}NO DAEMON {why}; waiting for one")
+    if screen.absent:
+        head += f"NO DAEMON {screen.absent}; "
+    if screen.age_s is not None and screen.age_s > screen.stale_after_s:
+        head += f"STALE last update {screen.age_s:.0f} s ago: "
+    state = _get(screen.msg, "state")
+    fault = _get(state, "fault")
+    if is_estop(state) and _get(fault, "cause") != "estop":
+        head += "E-STOP "
+    c = _get(screen.msg, "counters") or {}
+    p99 = _get(screen.msg, "lateness_us", "p99")
+    return printable(
+        f"{head}{state_words(state)} | {_num(_get(screen.msg, 'hz'), '{:.1f}')} Hz "
+        f"p99 {_num(p99, '{:.0f}')} µs missed {_num(_get(c, 'missed_ticks'))} "
+        f"| queue {_num(_get(state, 'queue'))} acts {_num(_get(c, 'acts'))} "
+        f"holds {_num(_get(c, 'holds'))} shield {_num(_get(c, 'interventions'))}"
+    )

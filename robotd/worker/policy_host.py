@@ -246,6 +246,9 @@ def check_actions(answer: Any, actions: Actions | None) -> np.ndarray:
     key = actions.key if actions is not None else None
     if type(answer) is np.ndarray and key is None:  # the usual answer: no Mapping check
         return _checked_rows(answer, "answer")
+    if answer is None:
+        want = f"a mapping holding the rows at actions.key={key!r}" if key else "(H, D) rows"
+        raise BadActions(f"infer() returned None; it must return {want}")
     if key is not None:
         if not isinstance(answer, Mapping):
             raise BadActions(
@@ -265,6 +268,9 @@ def check_actions(answer: Any, actions: Actions | None) -> np.ndarray:
         )
     else:
         where = "answer"
+    if answer is None or isinstance(answer, str | bytes):
+        said = "infer() returned" if where == "answer" else f"{where} is"
+        raise BadActions(f"{said} {_kind(answer)}, not (H, D) rows of numbers")
     try:
         rows = np.asarray(answer)
     except (ValueError, TypeError) as err:
@@ -287,3 +293,9 @@ def _checked_rows(rows: np.ndarray, where: str) -> np.ndarray:
         i, j = (int(k) for k in np.argwhere(~np.isfinite(rows))[0])
         raise BadActions(f"{where}: row {i} column {j} is {rows[i, j]} (must be finite)")
     return rows
+
+
+def _kind(value: Any) -> str:
+    if value is None:
+        return "None"
+    return f"a {type(value).__name__} ({value!r:.40})"

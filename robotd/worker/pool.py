@@ -17,12 +17,14 @@ from __future__ import annotations
 
 import itertools
 import logging
+import re
 import time
 from collections import OrderedDict, deque
 from collections.abc import Callable
 from typing import Any
 
 from robotd import wire
+from robotd.repeats import Repeats
 from robotd.worker import pipe
 from robotd.worker.child import error_done
 from robotd.worker.copies import Copies
@@ -36,6 +38,8 @@ from robotd.worker.slots import CopyOptions, Slot, Task, answer, error
 log = logging.getLogger("robotd.worker")
 
 MAX_QUEUED = 64  # calls waiting for copies (or parked for uploads); beyond that: "busy"
+REFUSED_EVERY_S = 10.0  # a refused answer of one kind is logged at most once this often
+_NUMBERS = re.compile(r"[-+]?\d[\d.e+-]*")  # what varies between answers of one kind
 
 Reply = Callable[[list[bytes], dict[str, Any]], None]
 Prepare = Callable[[bytes, int, dict[str, Any], list[dict[str, Any]]], None]
@@ -75,6 +79,7 @@ class Pool:
         self.episodes_lost = 0
         self.last_loss: dict[str, Any] | None = None
         self._seqs = itertools.count(1)
+        self._refused = Repeats(REFUSED_EVERY_S)
 
     @property
     def slots(self) -> dict[bytes, Slot]:
@@ -156,13 +161,33 @@ class Pool:
         slot.current, slot.deadline = None, None
         slot.answered += 1
         slot.last_used = now
-        self.reply(task.route, answer(task, msg))  # its memory is sampled on its schedule
+        reply = answer(task, msg)
+        if task.kind == "act" and not reply["ok"] and reply["error"]["code"] == "bad_actions":
+            self._say_refused(slot, task, reply["error"]["message"])
+        self.reply(task.route, reply)  # its memory is sampled on its schedule
         if task.kind == "end" and slot.episode == task.episode:
             self.bound.pop(task.episode, None)
             slot.episode = None
         self._pump(slot)
         if slot.idle:
             self._assign_waiting()
+
+    def _say_refused(self, slot: Slot, task: Task, why: str) -> None:
+        """Log that the policy's answer was refused (the robot is told `bad_actions`): said
+        at once, then per kind (the reason, its numbers aside) at most every
+        REFUSED_EVERY_S, with the count left unsaid."""
+        said = self._refused.say(_NUMBERS.sub("#", why))
+        if said is None:
+            return
+        more = f" (+{said.unsaid} more like it in {said.since_s:.0f} s)" if said.unsaid else ""
+        log.warning(
+            "episode %r step %d: the policy's answer was refused (copy %d): %s%s",
+            task.episode,
+            task.step,
+            slot.id,
+            why,
+            more,
+        )
 
     def prepared(self, identity: bytes, seq: int, ok: bool, frames: list[Any]) -> None:
         """An act made ready by the preparer: send it to its copy, or answer its error."""

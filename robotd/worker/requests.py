@@ -12,7 +12,7 @@ from typing import Any
 import numpy as np
 
 from robotd.contract import MAX_RTC_DIM, MAX_RTC_ROWS, MAX_STREAMS
-from robotd.stream.endpoint import is_stream, zmq_equivalent
+from robotd.stream.endpoint import is_stream, parse, zmq_equivalent
 from robotd.worker.frame import Frame
 
 MAX_STEPS = 65536
@@ -172,6 +172,40 @@ def upload_fields(msg: dict[str, Any]) -> Upload:
     return Upload(cmd, episode, step, {}, keys, reason[:200])
 
 
+SHAPES = {
+    "tcp": "tcp://HOST:PORT",
+    "ipc": "ipc://PATH",
+    "stream+tcp": "stream+tcp://HOST:PORT",
+    "stream+ipc": "stream+ipc://PATH",
+    "inproc": "inproc://NAME",
+}
+
+
+def check_bind_endpoint(endpoint: str, what: str, *, stream: bool) -> None:
+    """ValueError naming `what` (e.g. "--bind") and what is wrong with `endpoint` when the
+    worker cannot bind it: no scheme, a scheme it does not serve (the accepted ones are
+    listed; `stream`: the byte-stream ones too), no path, a tcp port that is no number."""
+    schemes = [s for s in SHAPES if stream or not s.startswith("stream+")]
+    accepted = ", ".join(SHAPES[s] for s in schemes)
+    scheme, sep, rest = endpoint.partition("://")
+    if not sep:
+        raise ValueError(f"{what} {endpoint!r}: no scheme; accepted: {accepted}")
+    if scheme not in schemes:
+        raise ValueError(
+            f"{what} {endpoint!r}: scheme {scheme!r} is not served; accepted: {accepted}"
+        )
+    if scheme.startswith("stream+"):
+        parse(endpoint, bind=True)  # EndpointError (a ValueError) saying what is wrong
+        return
+    if not rest:
+        raise ValueError(f"{what} {endpoint!r}: nothing after {scheme}://, want {SHAPES[scheme]}")
+    if scheme == "tcp":
+        host, colon, port = rest.rpartition(":")
+        number = port.isdigit() and int(port) <= 65535
+        if not colon or not host or not (number or port == "*"):
+            raise ValueError(f"{what} {endpoint!r}: want tcp://HOST:PORT (PORT 0-65535 or *)")
+
+
 def observe_endpoint(bind: str) -> str:
     """The observe endpoint that goes with act endpoint `bind`: ipc `x.sock` -> `x-o.sock`,
     tcp port P -> P + 1 (port 0 stays 0: any free port), inproc `n` -> `n-observe`; for
@@ -189,7 +223,9 @@ def observe_endpoint(bind: str) -> str:
             return bind
     if bind.startswith("inproc://"):
         return bind + "-observe"
-    raise ValueError(f"cannot derive an observe endpoint from {bind!r}; give one explicitly")
+    raise ValueError(
+        f"cannot derive an observe endpoint from {bind!r}; give one explicitly (--observe)"
+    )
 
 
 def prepare_ipc(bind: str) -> None:

@@ -42,6 +42,7 @@ from robotd.worker.pool import Pool
 from robotd.worker.preparer import OK, Preparer
 from robotd.worker.requests import (
     BadRequest,
+    check_bind_endpoint,
     observe_endpoint,
     prepare_ipc,
     remove_ipc,
@@ -81,14 +82,19 @@ def serve(
     `observe_endpoint`). `ready(endpoint)` is called once both listen, with the act endpoint
     bound (for tcp://host:0, the port actually chosen). `limits` bound the frame store;
     `stream_wait_s` is how long an act waits for its steps unless it says otherwise. Raises
-    PolicyLoadError if the policy cannot be loaded, zmq.ZMQError if an endpoint cannot be
-    bound. Without `stop`, serves until SIGTERM (handled when called from the main thread)
-    or KeyboardInterrupt.
+    PolicyLoadError if the policy cannot be loaded, ValueError before anything starts if
+    an endpoint's scheme or shape is wrong (check_bind_endpoint), zmq.ZMQError if an
+    endpoint cannot be bound. Without `stop`, serves until SIGTERM (handled when called
+    from the main thread) or KeyboardInterrupt.
     """
+    # Before anything starts (the copies load the policy): a bad endpoint is said at once.
+    check_bind_endpoint(bind, "--bind", stream=True)
+    if observe:
+        check_bind_endpoint(observe, "--observe", stream=False)
+    observe = observe or observe_endpoint(bind)
     server = _Server(
         policy, dict(policy_kwargs or {}), limits or StoreLimits(), stream_wait_s, copies
     )
-    observe = observe or observe_endpoint(bind)
     if stop is not None:
         server.run(bind, observe, ready, stop)
         return
