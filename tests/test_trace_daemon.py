@@ -85,8 +85,10 @@ def _telemetry(d: Daemon) -> dict[str, Any]:
 def operated(tmp_path_factory) -> tuple[Daemon, dict[str, Any]]:
     """A sim daemon (sync timing) an operator drives through two episodes: start (a task),
     stop, verdict, reset_done, start, e-stop, clear_fault; then SIGTERM."""
+    # the policy's frames: this run checks that the uplink's own JPEG is what is recorded
+    # (tests/test_trace_frames_daemon.py records "all", the default)
     d = Daemon(tmp_path_factory.mktemp("op"), "--set", 'robot.start="idle"',
-               "--set", 'control.timing="sync"')
+               "--set", 'control.timing="sync"', "--set", 'trace.frames="policy"')
     d.wait_line(r"operator socket")
     c = ControlClient(d.control_endpoint, timeout_s=15)
     try:

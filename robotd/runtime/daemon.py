@@ -108,6 +108,8 @@ class Daemon:
         self.routes.install(self.bridge)
         try:
             self.shared = create_shared(self.cfg)
+            if self.recorder is not None:  # trace.frames = "all" reads the frames from them
+                self.recorder.read_rings(self.shared.rings)
             async with anyio.create_task_group() as tg:
                 self.bridge.bind()
                 tg.start_soon(self.bridge.run)

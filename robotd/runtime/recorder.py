@@ -6,7 +6,8 @@ link events to records of the trace store.
     ChunkRows sent + Merged (or the lane's bad_chunk / chunk_discarded) → /policy/chunk
     Event → /events (episode_start / episode_end open and close the episode's file)
     operator commands → /operator  uploads, refusals, reconnects, resets → /link
-    the frames the policy read → /camera/NAME
+    camera frames → /camera/NAME: those the policy read (trace.frames = "policy"), or
+      every frame each camera captured, out of its ring (= "all": robotd.runtime.camera_frames)
 
 Every method returns at once: the store only queues (robotd.trace.store), so the event loop
 never waits for the trace and the control lane never hears of it. The daemon feeds it from
@@ -20,12 +21,13 @@ import logging
 import time
 from collections import OrderedDict, deque
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 
 from robotd.config import Config
 from robotd.lane.messages import Ask, ChunkRows, Event, Merged, StartState, Stats, Step
+from robotd.runtime.camera_frames import CameraFrames, Ring
 from robotd.trace.sanitize import sanitized
 from robotd.trace.schemas import ASK, CHUNK, EVENTS, LINK, OPERATOR, START_STATE, TICK
 from robotd.trace.start import open_store
@@ -37,6 +39,8 @@ MAX_CHUNKS = 256  # chunks sent down and not yet reported on (an ask at a time: 
 MAX_STEPS = 2048  # recent steps' frame references, for the frames the uplink posts
 MAX_FRAMES_SEEN = 512  # per camera: frame indices already recorded
 QUIET_COMMANDS = frozenset({"status", "stats"})  # read-only and polled: not recorded
+LOST_EVERY_NS = 1_000_000_000  # frames lost from a ring: one frames_lost event a second at most
+FrameMode = Literal["policy", "all"]
 
 
 class Recorder:
@@ -44,7 +48,13 @@ class Recorder:
 
     `clock` is the lane's clock (CLOCK_MONOTONIC on the wall clock, the virtual clock in a
     virtual run); log times are that clock plus `wall_offset_ns` (default: the offset to
-    the Unix epoch now), so records line up with the ticks' own times."""
+    the Unix epoch now), so records line up with the ticks' own times.
+
+    `frames` says which camera frames are recorded (when the store records frames at
+    all): ``"policy"`` those the uplink posted or inlined, as they went; ``"all"`` every
+    frame the cameras captured, read out of the rings given to `read_rings` (until then,
+    none), and none of the policy's copies (one picture per frame index and topic: the
+    camera's own, the training copy)."""
 
     def __init__(
         self,
@@ -52,8 +62,12 @@ class Recorder:
         *,
         clock: Callable[[], int] = time.monotonic_ns,
         wall_offset_ns: int | None = None,
+        frames: FrameMode = "policy",
     ) -> None:
         self.store = store
+        self.frame_mode: FrameMode = frames
+        self.cameras: CameraFrames | None = None  # "all": set by read_rings
+        self._lost_noted = (0, 0)  # (lost frames recorded as an event, at log time)
         self.clock = clock
         self.offset = time.time_ns() - clock() if wall_offset_ns is None else wall_offset_ns
         self.episode: EpisodeWriter | None = None
@@ -90,7 +104,12 @@ class Recorder:
             "held": msg.held, "shield": msg.shield, "ok": msg.ok, "skipped": msg.skipped,
         }
         self.store.write(TICK, msg.t + self.offset, record)
-        if self.store.frames_on and not msg.skipped:
+        if self.cameras is not None and self.episode is not None and self.store.frames_on:
+            lost = self.cameras.on_step(self.episode, msg.cams, self.offset)
+            if lost:
+                self.store.frames_lost += lost
+                self._note_lost(msg.t + self.offset)
+        if self.frame_mode == "policy" and self.store.frames_on and not msg.skipped:
             self._cams[(msg.wep, msg.s)] = msg.cams
             if len(self._cams) > MAX_STEPS:
                 self._cams.popitem(last=False)
@@ -125,6 +144,7 @@ class Recorder:
             return
         if name == "episode_end":
             if self.episode is not None:
+                self._note_lost(t, final=True)
                 self.episode.end(str(ev.detail.get("outcome", "")), log_time_ns=t,
                                  tick=ev.tick, detail=dict(ev.detail))
                 self.episode = None
@@ -150,6 +170,8 @@ class Recorder:
             start = None
         task = start.task if start is not None else None
         self.episode = self.store.begin_episode(ep, wep, task, log_time_ns=t, tick=ev.tick)
+        if self.cameras is not None:
+            self.cameras.reset()  # each file opens with the frame of its first tick
         if start is not None:
             self.episode.write(START_STATE, t, start)
 
@@ -165,7 +187,24 @@ class Recorder:
             "dropped": dropped, "stale": stale, "result": result, "tick": tick,
         })
 
+    def _note_lost(self, t: int, final: bool = False) -> None:
+        """Frames lost from the rings since the last note: a frames_lost event (per camera
+        and in total), at most one a second, and one at the episode's end."""
+        total, (noted, at) = self.store.frames_lost, self._lost_noted
+        if total == noted or (not final and t - at < LOST_EVERY_NS):
+            return
+        self._lost_noted = (total, t)
+        cams = dict(self.cameras.lost) if self.cameras is not None else {}
+        self.store.write(EVENTS, t, {"name": "frames_lost", "tick": None, "detail": {
+            "frames": total - noted, "total": total, "cameras": cams}})
+
     # ---- the main process ------------------------------------------------------------------
+
+    def read_rings(self, rings: Mapping[str, Ring]) -> None:
+        """The camera rings, once they exist: in ``"all"`` mode each step's new frames are
+        read out of them from now on (robotd.runtime.camera_frames)."""
+        if self.frame_mode == "all" and self.store.frames_on:
+            self.cameras = CameraFrames(rings)
 
     def sent(self, msg: Any) -> None:
         """A message the main process sent down the lane: chunks are kept until the lane
@@ -218,7 +257,7 @@ class Recorder:
         self._frames_of(wep, step, {cam: {"data": pixels} for cam, pixels in frames.items()})
 
     def _frames_of(self, wep: str, step: int, frames: Mapping[str, Mapping[str, Any]]) -> None:
-        cams = self._cams.get((wep, step))
+        cams = self._cams.get((wep, step))  # (none kept in "all" mode: its frames are the rings')
         if self.episode is None or cams is None:
             return
         for camera, wire in frames.items():
@@ -275,7 +314,9 @@ def open_recorder(
         if live is not None:
             live.close()
         return None
-    return Recorder(store) if store is not None else None
+    if store is None:
+        return None
+    return Recorder(store, frames="all" if cfg.trace.frames == "all" else "policy")
 
 
 def tee(handler: Callable[[Any], None], recorder: Recorder | None,

@@ -41,6 +41,8 @@ class EpisodeData:
     log_time: np.ndarray  # (T,) int64 ns
     held: np.ndarray  # (T,) bool
     cameras: list[str] = field(default_factory=list)
+    # per camera, the frame index each tick referenced (its `cams`; -1: none)
+    refs: dict[str, np.ndarray] = field(default_factory=dict)
     outcome: str | None = None
     cause: str = ""  # a fault's cause (estop, driver, ...), "" for none
     verdict: dict[str, Any] | None = None
@@ -79,10 +81,20 @@ def _verdict(value: Any) -> dict[str, Any] | None:
     return value if isinstance(value, dict) else None
 
 
+def _refs(refs: dict[str, list[int]], cams: Any, i: int) -> None:
+    """Tick `i`'s frame references into `refs` (a malformed one is no reference: -1)."""
+    for cam, ref in (cams.items() if isinstance(cams, dict) else ()):
+        got = refs.setdefault(str(cam), [])
+        got.extend([-1] * (i - len(got)))  # ticks before it named this camera
+        ok = isinstance(ref, list | tuple) and len(ref) == 2 and type(ref[0]) is int
+        got.append(ref[0] if ok and ref[0] >= 0 else -1)
+
+
 def load_episode(path: Path) -> EpisodeData:
     """Read an episode's ticks (all of them, in order) and find its cameras."""
     reader = TraceReader(path)
     states, actions, times, held, cameras = [], [], [], [], []
+    refs: dict[str, list[int]] = {}
     n: int | None = None
     last_action: list[float] | None = None
     for msg in reader.messages():
@@ -104,6 +116,7 @@ def load_episode(path: Path) -> EpisodeData:
         states.append(pos)
         times.append(msg.log_time)
         held.append(bool(r.get("held")))
+        _refs(refs, r.get("cams"), i)
     side = read_json(path.with_suffix(".json")) or {}
     end = reader.end or {}
     j = n or 0
@@ -115,6 +128,8 @@ def load_episode(path: Path) -> EpisodeData:
         log_time=np.asarray(times, dtype=np.int64),
         held=np.asarray(held, dtype=bool),
         cameras=cameras,
+        refs={cam: np.asarray(v + [-1] * (len(times) - len(v)), dtype=np.int64)
+              for cam, v in refs.items()},
         outcome=_text(side.get("outcome") or end.get("outcome")) or (
             None if side.get("ended") or reader.end else CUT_OFF),
         cause=_text(side.get("cause") or end.get("cause")) or "",
@@ -124,10 +139,13 @@ def load_episode(path: Path) -> EpisodeData:
     )
 
 
-def camera_frames(path: Path, camera: str) -> Iterator[tuple[int, bytes]]:
-    """(log_time, compressed bytes) of one camera's frames, in file order."""
+def camera_frames(path: Path, camera: str) -> Iterator[tuple[int, bytes, int]]:
+    """(log_time, compressed bytes, frame index or -1) of one camera's frames, in file
+    order."""
     for msg in TraceReader(path).messages([camera_topic(camera)]):
+        index = msg.record.get("frame_index") if isinstance(msg.record, dict) else None
         try:
-            yield msg.log_time, codec.frame_bytes(msg.record)
+            yield (msg.log_time, codec.frame_bytes(msg.record),
+                   index if type(index) is int and index >= 0 else -1)
         except codec.DecodeError as exc:
             log.warning("export: %s: a %s frame skipped: %s", path.name, camera, exc)

@@ -217,7 +217,8 @@ class DatasetWriter:
         samples = self.samples[cam]
 
         def sampled():
-            for i, img in enumerate(frames_at_ticks(camera_frames(ep.path, cam), ep.log_time)):
+            shown = frames_at_ticks(camera_frames(ep.path, cam), ep.log_time, ep.refs.get(cam))
+            for i, img in enumerate(shown):
                 if i % sample_every == 0:
                     samples.append(img)
                 yield img

@@ -51,6 +51,10 @@ class TraceStats:
     errors: int  # records that could not be encoded or written (logged)
     runs_deleted: int  # by the disk budget
     alive: bool  # the writer thread runs
+    frames_lost: int = 0  # overwritten in their camera ring before the recorder read them
+    encoded: int = 0  # frames the writer thread JPEG-encoded (given as pixels)
+    encode_s: float = 0.0  # the time it spent encoding them
+    writer_cpu_s: float = 0.0  # the writer thread's CPU time so far
 
 
 class EpisodeWriter:
@@ -118,6 +122,7 @@ class TraceStore:
         *,
         tick_every: int = 1,
         frames: bool = True,
+        frame_quality: int = 85,
         flush_s: float = 1.0,
         flush_bytes: int = 1 << 20,
         fsync: bool = True,
@@ -130,6 +135,7 @@ class TraceStore:
             raise ValueError(f"trace: tick_every must be >= 1, got {tick_every}")
         self.tick_every = tick_every
         self.frames_on = frames
+        self.frames_lost = 0  # counted by the recorder (robotd.runtime.camera_frames)
         self._outbox = Outbox(queue_records, queue_bytes)
         self._next_key = 0
         self._current: EpisodeWriter | None = None
@@ -145,7 +151,7 @@ class TraceStore:
                 ("joints", _joint_names(config_snapshot)))
         settings = WriterSettings(flush_s=flush_s, flush_bytes=flush_bytes, fsync=fsync,
                                   compression=compression, max_bytes=max_bytes,
-                                  episode_meta=meta)
+                                  episode_meta=meta, frame_quality=frame_quality)
         self._thread = WriterThread(self._outbox, self.run_dir, settings, live)
         self._thread.start()
         self._closed = False
@@ -195,7 +201,8 @@ class TraceStore:
     def stats(self) -> TraceStats:
         t, o = self._thread, self._outbox
         return TraceStats(t.records, t.frames, t.bytes, o.dropped_records, o.dropped_frames,
-                          len(o), t.errors, t.deleted, t.is_alive())
+                          len(o), t.errors, t.deleted, t.is_alive(), self.frames_lost,
+                          t.encoded, round(t.encode_ns / 1e9, 6), round(t.cpu_ns / 1e9, 6))
 
     def flush(self, timeout: float = 10.0) -> bool:
         """Wait until everything queued so far is on disk (tests, before a summary)."""

@@ -2,7 +2,8 @@
 
 Codecs: ``mp4v`` (MPEG-4 Part 2, yuv420p; the default: fast, and every FFmpeg-based
 decoder reads it, LeRobot's included) or ``vp9`` (smaller files, much slower to encode).
-Each output frame is the newest camera frame at its tick: the frame the robot had then.
+Each output frame is the newest camera frame at its tick: the frame the robot had then
+(by the frame index the tick recorded, where it did).
 """
 
 from __future__ import annotations
@@ -31,33 +32,56 @@ class VideoInfo:
 
 
 def frames_at_ticks(
-    frames: Iterable[tuple[int, bytes]], tick_times: np.ndarray
+    frames: Iterable[tuple[int, bytes] | tuple[int, bytes, int]],
+    tick_times: np.ndarray,
+    tick_refs: np.ndarray | None = None,
 ) -> Iterator[np.ndarray]:
-    """For each tick time, the newest decoded frame captured at or before it (before the
-    first frame: the first frame). `frames` come in file order, which is time order but
-    for a frame recorded late: one older than the frame shown is skipped."""
+    """For each tick, the newest decoded frame it had (before the first frame: the first
+    frame). `frames` are (capture time, bytes[, frame index]) in file order, which is time
+    order but for a frame recorded late: one older than the frame shown is skipped.
+
+    A tick had a frame when the frame's index is at most the one the tick referenced
+    (`tick_refs`, the /robot/tick `cams` index, -1 for none): exactly the frame the control
+    lane read at that tick, whichever way capture and tick times straddle. Without an index
+    on either side, when it was captured at or before the tick's time."""
     it = iter(frames)
     current: np.ndarray | None = None
     current_t: int | None = None
+    current_i = -1
     pending = next(it, None)
 
-    def decode(item: tuple[int, bytes]) -> np.ndarray | None:
+    def decode(item: tuple[int, bytes] | tuple[int, bytes, int]) -> np.ndarray | None:
         img = cv2.imdecode(np.frombuffer(item[1], np.uint8), cv2.IMREAD_COLOR)
         return img if img is not None and img.ndim == 3 else None
 
-    for t in tick_times:
-        # take every frame captured by t (and, before the first one, the first one)
-        while pending is not None and (current is None or pending[0] <= t):
+    for n, t in enumerate(tick_times):
+        ref = int(tick_refs[n]) if tick_refs is not None else -1
+        # take every frame the tick had (and, before the first one, the first one)
+        while pending is not None and (current is None or _had(pending, t, ref)):
+            index = _index(pending)
             # a frame recorded late (re-uploaded, or an older window step) never takes the
             # place of a newer one: the video does not step back in time
-            if current_t is None or current_t > t or pending[0] >= current_t:
+            if index >= 0 and current_i >= 0:
+                newer = index >= current_i
+            else:
+                newer = current_t is None or current_t > t or pending[0] >= current_t
+            if newer:
                 img = decode(pending)
                 if img is not None:
-                    current, current_t = img, pending[0]
+                    current, current_t, current_i = img, pending[0], index
             pending = next(it, None)
         if current is None:
             raise VideoError("no frame decodes")
         yield current
+
+
+def _index(item: tuple[int, bytes] | tuple[int, bytes, int]) -> int:
+    return int(item[2]) if len(item) > 2 else -1  # type: ignore[misc]
+
+
+def _had(item: tuple[int, bytes] | tuple[int, bytes, int], t: int, ref: int) -> bool:
+    index = _index(item)
+    return index <= ref if index >= 0 and ref >= 0 else item[0] <= t
 
 
 def write_video(path: Path, frames: Iterable[np.ndarray], fps: int, codec: str) -> VideoInfo:

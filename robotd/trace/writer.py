@@ -52,6 +52,7 @@ class WriterSettings:
     poll_s: float = 0.02
     max_bytes: int = 4 << 30
     episode_meta: tuple[tuple[str, Any], ...] = ()  # added to every episode's start metadata
+    frame_quality: int = 85  # JPEG quality of the frames given as pixels
 
 
 class WriterThread(threading.Thread):
@@ -65,6 +66,8 @@ class WriterThread(threading.Thread):
         self.session: OpenFile | None = None
         self.sidecars: dict[int, tuple[Path, dict[str, Any]]] = {}  # episode -> ended sidecar
         self.records = self.frames = self.bytes = self.errors = self.deleted = 0
+        self.encoded = self.encode_ns = 0  # frames given as pixels, and their JPEG time
+        self.cpu_ns = 0  # this thread's CPU time, as of its last drain (for the stats)
         self._drops_seen = (0, 0)
         self._complaints: dict[str, int] = {}
         self._since_budget = 0
@@ -83,7 +86,9 @@ class WriterThread(threading.Thread):
                     self._complain(f"item:{item[0]}", f"trace: {item[0]}: {exc!r}")
             self._note_drops()
             self._flush_due()
+            self.cpu_ns = time.thread_time_ns()
         self._shutdown()
+        self.cpu_ns = time.thread_time_ns()
 
     def _handle(self, item: tuple[Any, ...]) -> bool:
         kind = item[0]
@@ -153,11 +158,14 @@ class WriterThread(threading.Thread):
 
     def _pixels(self, key: int | None, topic: str, t: int, pixels: Any, index: int) -> None:
         """A frame given as RGB pixels: JPEG-encoded here, off the event loop."""
+        t0 = time.perf_counter_ns()
         try:
-            jpeg = _jpeg(pixels)
+            jpeg = _jpeg(pixels, self.settings.frame_quality)
         except Exception as exc:  # cv2.error, a bad array: one frame lost, said once
             self._complain(f"jpeg:{topic}", f"trace: {topic}: cannot encode a frame: {exc}")
             return
+        self.encode_ns += time.perf_counter_ns() - t0
+        self.encoded += 1
         self._frame(key, topic, t, jpeg, index, "jpeg")
 
     def _emit(self, target: OpenFile | None, spec: ChannelSpec, t: int, data: bytes) -> None:
