@@ -139,6 +139,7 @@ def test_layout_matches_lerobot_v3(tmp_path):
     assert eps[1]["videos/observation.images.wrist/to_timestamp"] == pytest.approx(40 / 30)
     assert [e["robotd/success"] for e in eps] == [True, False]
     assert [e["robotd/outcome"] for e in eps] == ["stopped", "stopped"]
+    assert [e["robotd/skipped"] for e in eps] == [4, 4]  # tick() skips steps 0, 11, 22, 33
     stats = json.loads((out / "meta/stats.json").read_text())
     assert set(stats["action"]) == {"min", "max", "mean", "std", "count", "q01", "q10", "q50",
                                     "q90", "q99"}
@@ -228,3 +229,18 @@ def test_export_names_a_bad_tick(tmp_path, capsys):
     assert export_main([str(store.run_dir), "--lerobot", str(tmp_path / "ds")]) == 2
     err = capsys.readouterr().err
     assert "episode-000001.mcap: tick 1: pos holds str" in err
+
+
+def test_rows_of_skipped_steps_are_counted_and_warned(tmp_path, caplog):
+    with caplog.at_level("WARNING", logger="robotd"):
+        export_lerobot([record(tmp_path / "runs", episodes=1)], tmp_path / "ds")
+    said = [r.getMessage() for r in caplog.records if "overrun skipped" in r.getMessage()]
+    assert len(said) == 1 and "4 of its 40 rows" in said[0] and "first at frame 0" in said[0]
+
+
+def test_an_output_that_cannot_be_made_is_named_not_its_temporary(tmp_path):
+    run = record(tmp_path / "runs", episodes=1)
+    with pytest.raises(ExportError) as err:
+        export_lerobot([run], Path("/proc/robotd-no-such/ds"))
+    assert str(err.value).startswith("/proc/robotd-no-such/ds: cannot be made there")
+    assert "partial" not in str(err.value)

@@ -40,6 +40,9 @@ class EpisodeData:
     action: np.ndarray  # (T, J) float64 targets played (the position where none was sent)
     log_time: np.ndarray  # (T,) int64 ns
     held: np.ndarray  # (T,) bool
+    # (T,) bool: steps an overrun skipped (nothing read or played: the record repeats the
+    # last observation); empty for data made without them
+    skipped: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=bool))
     cameras: list[str] = field(default_factory=list)
     # per camera, the frame index each tick referenced (its `cams`; -1: none)
     refs: dict[str, np.ndarray] = field(default_factory=dict)
@@ -93,7 +96,7 @@ def _refs(refs: dict[str, list[int]], cams: Any, i: int) -> None:
 def load_episode(path: Path) -> EpisodeData:
     """Read an episode's ticks (all of them, in order) and find its cameras."""
     reader = TraceReader(path)
-    states, actions, times, held, cameras = [], [], [], [], []
+    states, actions, times, held, skipped, cameras = [], [], [], [], [], []
     refs: dict[str, list[int]] = {}
     n: int | None = None
     last_action: list[float] | None = None
@@ -116,6 +119,7 @@ def load_episode(path: Path) -> EpisodeData:
         states.append(pos)
         times.append(msg.log_time)
         held.append(bool(r.get("held")))
+        skipped.append(r.get("skipped") is True)
         _refs(refs, r.get("cams"), i)
     side = read_json(path.with_suffix(".json")) or {}
     end = reader.end or {}
@@ -127,6 +131,7 @@ def load_episode(path: Path) -> EpisodeData:
         action=np.asarray(actions, dtype=np.float64).reshape(len(actions), j),
         log_time=np.asarray(times, dtype=np.int64),
         held=np.asarray(held, dtype=bool),
+        skipped=np.asarray(skipped, dtype=bool),
         cameras=cameras,
         refs={cam: np.asarray(v + [-1] * (len(times) - len(v)), dtype=np.int64)
               for cam, v in refs.items()},

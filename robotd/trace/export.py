@@ -17,6 +17,8 @@ import shutil
 import sys
 from pathlib import Path
 
+import numpy as np
+
 from robotd.trace.episode_data import EpisodeData, EpisodeDataError, load_episode
 from robotd.trace.reader import TraceError
 from robotd.trace.rundir import episode_files
@@ -78,6 +80,11 @@ def load_all(paths: list[Path]) -> list[EpisodeData]:
             continue
         if ep.note:
             log.warning("export: %s", ep.note)
+        if skipped := int(ep.skipped.sum()):
+            log.warning("export: %s: %d of its %d rows are steps an overrun skipped (first at "
+                        "frame %d): they repeat the last observation and action, and count "
+                        "as time that passed; the episodes table's robotd/skipped counts them",
+                        path, skipped, ep.ticks, int(np.flatnonzero(ep.skipped)[0]))
         episodes.append(ep)
     if not episodes:
         raise ExportError("nothing to export: no episode with ticks")
@@ -106,7 +113,10 @@ def export_lerobot(inputs: list[Path], out: Path, *, codec: str = "mp4v",
         log.warning("export: camera %s is missing from some episodes; left out", cam)
     tmp = out.with_name(f".{out.name}.partial-{os.getpid()}")
     shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir(parents=True)
+    try:
+        tmp.mkdir(parents=True)
+    except OSError as exc:  # named as the output, not as our temporary beside it
+        raise ExportError(f"{out}: cannot be made there: {exc.strerror}") from None
     try:
         writer = DatasetWriter(tmp, _fps(first), [str(j) for j in joints], cameras, codec,
                                robot_type)

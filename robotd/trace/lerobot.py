@@ -180,6 +180,8 @@ class DatasetWriter:
             "robotd/notes": str(verdict.get("notes") or ""),
             "robotd/run": str(ep.meta.get("run") or ""),
             "robotd/episode": _int(ep.meta.get("episode")),
+            # rows of steps an overrun skipped: they repeat the last observation and action
+            "robotd/skipped": int(ep.skipped.sum()),
         }
         self.rows.append(row)
         self.frames += n
