@@ -73,8 +73,14 @@ def test_stale_camera_means_no_ask():
     rig.tick(frames_age_ns=10**9)
     assert not rig.asks()
     assert rig.k.counters.invalid_observations == 1
+    cams = tuple(rig.cfg.cameras)
+    assert cams and rig.k.status().stale_cameras == cams  # status says why it holds
     rig.tick()
     assert len(rig.asks()) == 1
+    assert rig.k.status().stale_cameras == ()
+    rig.tick(frames_age_ns=10**9)
+    rig.k.command("stop")
+    assert rig.k.status().stale_cameras == ()  # said only while an episode runs
 
 
 def test_answer_to_an_old_ask_is_discarded():

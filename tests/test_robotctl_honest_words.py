@@ -198,3 +198,14 @@ def test_a_state_waiting_on_reset_done_says_so() -> None:
         assert words == f"{name} episode 2 (starved) — reset_done when the robot is back at " \
                         "the start", words
     assert "reset_done" not in state_words({"state": "IDLE", "episode": 2})
+
+
+def test_a_running_robot_without_fresh_frames_says_why_it_holds() -> None:
+    words = state_words({"state": "RUNNING", "episode": 1, "step": 40,
+                         "stale_cameras": ["top", "wrist"]})
+    assert words == ("RUNNING episode 1 step 40 — no fresh frame from camera top, wrist: "
+                     "holding, no act asked"), words
+    many = state_words({"state": "RUNNING", "stale_cameras": [f"c{i}" for i in range(6)]})
+    assert "c3 (+2 more)" in many and "c4" not in many
+    assert "fresh" not in state_words({"state": "RUNNING", "stale_cameras": []})
+    assert "\x1b" not in state_words({"state": "RUNNING", "stale_cameras": ["\x1b[2J"]})

@@ -144,6 +144,7 @@ class Kernel:
             pb.in_flight is not None,
             self.latch.torque_on,
             self.task,
+            self.recorder.stale if m.state is State.RUNNING else (),
         )
 
     def set_contract(self, open_loop_horizon: int | None, rtc: bool = False) -> None:

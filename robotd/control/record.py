@@ -26,10 +26,12 @@ class StepRecorder:
         self.limits = dict(camera_max_age_ns)
         self.counters = counters or Counters()
         self.last: Step | None = None
+        self.stale: tuple[str, ...] = ()  # the cameras that made the last record invalid
 
     def reset(self) -> None:
         """A new worker-side episode: nothing recorded yet."""
         self.last = None
+        self.stale = ()
 
     def record(
         self,
@@ -45,12 +47,15 @@ class StepRecorder:
         """The record of this tick's step; `ok` False when a camera's frame is missing or
         too old."""
         cams: dict[str, FrameRef | None] = {}
-        ok = True
+        stale: list[str] = []
         for name, limit in self.limits.items():
             ref = frames.get(name)
             cams[name] = ref
             if ref is None or now_ns - ref[1] > limit:
-                ok = False
+                stale.append(name)
+        ok = not stale
+        if stale or self.stale:  # the usual tick has none: nothing more to do
+            self.stale = tuple(stale)
         rec = Step(
             episode,
             wep,

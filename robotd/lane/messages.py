@@ -273,6 +273,9 @@ class Status(_Msg, tag="state"):
     in_flight: bool
     torque: bool
     task: Annotated[str, msgspec.Meta(max_length=MAX_TASK)] = ""
+    # while RUNNING: the cameras whose newest frame was missing or older than max_age_ms at
+    # the last step (no act is asked from such a step: why the robot holds, said)
+    stale_cameras: Annotated[tuple[Ident, ...], msgspec.Meta(max_length=MAX_CAMERAS)] = ()
 
 
 class Stats(_Msg, tag="stats"):

@@ -99,6 +99,11 @@ def state_words(state: Any) -> str:
         parts.append(f"episode {state['episode']}")
     if isinstance(state.get("step"), int) and name == "RUNNING":
         parts.append(f"step {state['step']}")
+    stale = state.get("stale_cameras")
+    if name == "RUNNING" and isinstance(stale, list | tuple) and stale:
+        names = ", ".join(_text(str(c), 40) for c in stale[:4])
+        more = f" (+{len(stale) - 4} more)" if len(stale) > 4 else ""
+        parts.append(f"— no fresh frame from camera {names}{more}: holding, no act asked")
     if state.get("outcome") and name in ("ENDED", "RESETTING"):
         parts.append(f"({_text(state['outcome'], 40)})")
     if name in ("ENDED", "RESETTING"):  # the one state that waits on the operator silently
