@@ -68,6 +68,15 @@ def rule(err: dict[str, Any]) -> str:
         return f"must have at least {ctx.get('min_length')} entries, got {len(got) if got else 0}"
     if kind == "too_long":
         return f"must have at most {ctx.get('max_length')} entries"
+    if kind == "string_too_short":
+        n = ctx.get("min_length")
+        if n == 1:
+            return "must not be empty"
+        return f"must be at least {n} characters, got {_short(got)}"
+    if kind == "string_too_long":
+        return f"must be at most {ctx.get('max_length')} characters, got {_short(got)}"
+    if kind == "string_pattern_mismatch":
+        return f"must match {ctx.get('pattern')!r}, got {_short(got)}"
     if kind == "finite_number":
         return f"must be a finite number, got {_short(got)}"
     if kind == "value_error":

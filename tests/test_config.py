@@ -10,6 +10,8 @@ import pytest
 from robotd.config import DEFAULT_CONFIG, load_config
 from robotd.errors import ConfigError
 
+REPO = Path(__file__).resolve().parents[1]
+
 SIM = DEFAULT_CONFIG.read_text()
 
 
@@ -87,6 +89,11 @@ def test_literal_rule(tmp_path):
         ConfigError, match=r"control\.timing: must be one of 'sync' or 'realtime', got 'fast'"
     ):
         load_config(path)
+
+
+def test_an_empty_string_where_one_is_needed_is_said_in_words():
+    with pytest.raises(ConfigError, match=r"--set joints\.options\.port: must not be empty$"):
+        load_config(REPO / "config" / "so101.toml", ['joints.options.port=""'])
 
 
 def test_overrides_are_validated_like_the_file():
