@@ -75,6 +75,20 @@ def test_import_lerobot_writes_the_calibration_next_to_the_config(tmp_path):
     assert (tmp_path / "so101.calibration.json.bak").exists()
 
 
+def test_calibrate_takes_set_overrides_as_run_does(tmp_path):
+    lerobot = tmp_path / "my_follower.json"
+    lerobot.write_text(json.dumps(LEROBOT_SO101))
+    config = copy_config(tmp_path, "so101.toml")
+    out = run_cli("--config", str(config), "--import-lerobot", str(lerobot),
+                  "--set", 'joints.options.calibration="arm2.calibration.json"')
+    assert out.returncode == 0, out.stderr
+    assert load_calibration(tmp_path / "arm2.calibration.json").protocol == "feetech"
+    assert not (tmp_path / "so101.calibration.json").exists()
+    bad = run_cli("--config", str(config), "--import-lerobot", str(lerobot),
+                  "--set", "joints.options.baud=true")
+    assert bad.returncode != 0 and "--set joints.options.baud" in bad.stderr, bad.stderr
+
+
 def test_an_imported_calibration_drives_the_arm(tmp_path):
     lerobot = tmp_path / "follower.json"
     lerobot.write_text(json.dumps(LEROBOT_SO101))

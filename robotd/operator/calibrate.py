@@ -82,6 +82,14 @@ def _parser() -> argparse.ArgumentParser:
         help="a LeRobot motor name for a joint named otherwise here",
     )
     p.add_argument("--output", type=Path, help="write here instead of the config's path")
+    p.add_argument(
+        "--set",
+        dest="overrides",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="override a config value, as robotd run does (e.g. joints.options.port=...)",
+    )
     return p
 
 
@@ -189,7 +197,7 @@ def main(
     args = _parser().parse_args(argv)
     op = Operator(stdin or sys.stdin, stdout or sys.stdout)
     try:
-        cfg = load_config(args.config)
+        cfg = load_config(args.config, args.overrides)
         if cfg.joints.driver not in SERVO_DRIVERS:
             raise ConfigError(
                 f"{args.config}: joints.driver {cfg.joints.driver!r}: only servo "
