@@ -148,6 +148,8 @@ class TraceReader:
                         msg = self._decode(st, topic, enc, rec)
                         if msg is not None:
                             yield msg
+                    else:  # whole, not asked for: counted, so every reader says one number
+                        st.messages += 1
                 elif isinstance(rec, Channel):
                     channels[rec.id] = (rec.topic, rec.encoding)
                 elif isinstance(rec, Metadata):
