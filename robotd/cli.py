@@ -16,6 +16,7 @@ from pathlib import Path
 from robotd.config import DEFAULT_CONFIG, Config, Loaded, _parse_value, load
 from robotd.config.sections import HANG_MIN_S, hang_floor_problem
 from robotd.errors import ConfigError
+from robotd.pipes import reader_gone
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -272,6 +273,13 @@ def _emulate(args: argparse.Namespace, cfg: Config) -> tuple[Config, Callable[[]
 
 
 def main(argv: list[str] | None = None) -> int:
+    try:
+        return _main(argv)
+    except BrokenPipeError:  # `… | head`: the reader has what it wanted
+        return reader_gone()
+
+
+def _main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] in (["trace"], ["export"], ["replay"]):  # their own parsers (--help included)
         from robotd.trace import cli as trace_cli

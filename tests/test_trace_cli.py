@@ -157,3 +157,39 @@ def test_show_of_the_session_file_says_what_it_is(tmp_path, capsys):
     text = capsys.readouterr().out
     assert f"session of run {run.name}" in text and "episode None" not in text, text
     assert "None Hz" not in text, text
+
+
+def test_show_folds_a_frame_before_every_tick_beside_the_ticks(tmp_path, capsys):
+    import cv2
+    import numpy as np
+
+    ok, jpeg = cv2.imencode(".jpg", np.zeros((8, 8, 3), np.uint8))
+    store = TraceStore(tmp_path / "runs", 1 << 30, CONFIG)
+    ep = store.begin_episode(1, "w1", "t", log_time_ns=1_000)
+    for s in range(20):  # as trace.frames = "all" records: each tick's frame just before it
+        t = 2_000 + s * 33_000_000
+        ep.frame("top", t - 500, jpeg.tobytes(), 100 + s)
+        ep.write("/robot/tick", t, tick(s) | {"held": False, "shield": "", "ok": True,
+                                             "skipped": False})
+    ep.end("stopped", log_time_ns=10**9)
+    store.close()
+    assert robotd_main(["trace", "show", str(store.run_dir / "episode-000001.mcap")]) == 0
+    out = capsys.readouterr().out
+    assert "ticks s=0..19 (20) moving" in out and "frames top #100..#119 (20)" in out, out
+    assert " tick s=" not in out and "frame top #" not in out, out
+
+
+def test_a_reader_that_goes_away_ends_show_quietly(tmp_path):
+    store = TraceStore(tmp_path / "runs", 1 << 30, CONFIG, fsync=False)
+    ep = store.begin_episode(1, "w1", "t", log_time_ns=1_000)
+    for s in range(3000):  # far more output than a pipe holds: the writes must meet the close
+        ep.write("/robot/tick", 2_000 + s * 33_000_000, tick(s))
+    ep.end("stopped")
+    store.close()
+    path = store.run_dir / "episode-000001.mcap"
+    proc = subprocess.Popen([sys.executable, "-m", "robotd", "trace", "show", "--all", str(path)],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    assert proc.stdout is not None and proc.stdout.readline()  # as `| head -1` does
+    proc.stdout.close()
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 141 and b"Traceback" not in err, err.decode()[-2000:]

@@ -40,6 +40,7 @@ from robotd.operator.curve import KeyFileError, keygen
 from robotd.operator.locate import Target, default_key_file, locate
 from robotd.operator.requests import MAX_TEXT
 from robotd.operator.words import printable
+from robotd.pipes import reader_gone
 
 EXIT_OK, EXIT_ERROR, EXIT_UNREACHABLE, EXIT_USAGE, EXIT_CONFIG = 0, 1, 2, 64, 78
 __all__ = ["ControlClient", "estop", "main"]
@@ -293,6 +294,13 @@ def _run(args: argparse.Namespace, out: Output) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
+    try:
+        return _main(argv)
+    except BrokenPipeError:  # `… | head`: the reader has what it wanted
+        return reader_gone()
+
+
+def _main(argv: list[str] | None = None) -> int:
     out = Output(False)
     try:
         args = _parser().parse_args(argv)

@@ -86,37 +86,47 @@ def _one(msg: TraceMessage) -> str:
 
 
 def _fold(messages: Iterator[TraceMessage]) -> Iterator[tuple[int, str]]:
-    """(log_time, line) with runs of same-state ticks and of one camera's frames folded."""
+    """(log_time, line) with runs of same-state ticks folded, and each camera's frames
+    folded beside them: frames never break a run of ticks (with trace.frames = "all" one
+    comes before every tick), they are said as one line a camera when the run ends."""
     run: list[TraceMessage] = []
+    frames: dict[str, list[TraceMessage]] = {}
     key = None
 
-    def flush() -> Iterator[tuple[int, str]]:
+    def flush(end: bool = False) -> Iterator[tuple[int, str]]:
+        if not run and not end:  # frames before a run's first tick are that run's
+            return
         if len(run) == 1:
             yield run[0].log_time, _one(run[0])
         elif run:
             a, b = run[0].record, run[-1].record
-            if run[0].topic == TICK:
-                text = f"ticks s={a.get('s')}..{b.get('s')} ({len(run)}) {_tick_state(a)}"
+            yield run[0].log_time, (
+                f"ticks s={a.get('s')}..{b.get('s')} ({len(run)}) {_tick_state(a)}")
+        for got in frames.values():
+            if len(got) == 1:
+                yield got[0].log_time, _one(got[0])
             else:
-                cam = run[0].topic.rsplit("/", 1)[-1]
-                text = f"frames {cam} #{a.get('frame_index')}..#{b.get('frame_index')} ({len(run)})"
-            yield run[0].log_time, text
+                cam = got[0].topic.rsplit("/", 1)[-1]
+                a, b = got[0].record, got[-1].record
+                yield got[0].log_time, (
+                    f"frames {cam} #{a.get('frame_index')}..#{b.get('frame_index')} "
+                    f"({len(got)})")
+        run.clear()
+        frames.clear()
 
     for msg in messages:
-        if msg.topic == TICK:
-            k: Any = (TICK, _tick_state(msg.record), msg.record.get("wep"))
-        elif is_camera_topic(msg.topic):
-            k = (msg.topic,)
-        else:
-            k = None
+        if is_camera_topic(msg.topic):
+            frames.setdefault(msg.topic, []).append(msg)
+            continue
+        k = (TICK, _tick_state(msg.record), msg.record.get("wep")) if msg.topic == TICK else None
         if k is None or k != key:
             yield from flush()
-            run, key = [], k
+            key = k
         if k is None:
             yield msg.log_time, _one(msg)
         else:
             run.append(msg)
-    yield from flush()
+    yield from flush(end=True)
 
 
 def _header(reader: TraceReader) -> list[str]:
