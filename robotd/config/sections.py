@@ -59,6 +59,12 @@ def _no_duplicates(kind: str, names: list[str]) -> list[str]:
     return names
 
 
+# Validation context key: False when the process validating runs no camera. The control
+# lane re-validates the config the main process loaded, and a camera driver's module
+# imports OpenCV: ~140 MB of mappings the lane's mlockall would lock, for nothing.
+CAMERA_DRIVERS = "camera_drivers"
+
+
 def _known_driver(kind: str, name: Any) -> Any:
     """A driver name that names a driver (a built-in or a plugin's entry point), checked
     with its section so that a typo is reported as such, before the rules that span
@@ -264,7 +270,9 @@ class CameraConfig(_Model):
 
     @field_validator("driver")
     @classmethod
-    def _driver(cls, value: str) -> str:
+    def _driver(cls, value: str, info: ValidationInfo) -> str:
+        if (info.context or {}).get(CAMERA_DRIVERS) is False:
+            return value  # a process that runs no camera (the control lane)
         return _known_driver("cameras", value)
 
 

@@ -30,6 +30,7 @@ import zmq
 
 from drivers.base import DriverContext, DriverFault, JointDriver, build_joints
 from robotd.config import Config
+from robotd.config.sections import CAMERA_DRIVERS
 from robotd.control.episode import CommandRefused
 from robotd.control.estop import EstopDesk
 from robotd.control.histogram import LatencyHistogram
@@ -85,7 +86,8 @@ class ControlLane:
     ) -> None:
         """`sleep`: the loop's sleep between ticks (default: one that takes e-stops at once,
         EstopDesk.sleep); tests hand a fake clock and sleep."""
-        self.cfg = Config.model_validate(spec.config)
+        # checked by the main process at load; its cameras are not the lane's to run
+        self.cfg = Config.model_validate(spec.config, context={CAMERA_DRIVERS: False})
         self.ports = LanePorts(spec)
         self.clock = clock
         self.dropped = 0  # messages dropped because main's queue was full
