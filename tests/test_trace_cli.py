@@ -164,6 +164,7 @@ def test_show_folds_a_frame_before_every_tick_beside_the_ticks(tmp_path, capsys)
     import numpy as np
 
     ok, jpeg = cv2.imencode(".jpg", np.zeros((8, 8, 3), np.uint8))
+    assert ok
     store = TraceStore(tmp_path / "runs", 1 << 30, CONFIG)
     ep = store.begin_episode(1, "w1", "t", log_time_ns=1_000)
     for s in range(20):  # as trace.frames = "all" records: each tick's frame just before it
