@@ -1,8 +1,10 @@
 """`robotd check`: what start-up would refuse besides the config's own rules (a run
-directory that cannot be made or is not the daemon's own, a camera source that can never
-deliver: its driver's `preflight`), then the resolved config. Each problem names its key
-and source as load's own errors do (`Loaded.blame`: the --set that gave the key or made
-its table, else the file)."""
+directory that cannot be made or is not the daemon's own; a camera source that can never
+deliver, an arm's port that names no device or a calibration missing or not this arm's:
+the driver's `preflight`; a local worker's policy that cannot be found), then the
+resolved config. Each problem names its key and source as load's own errors do
+(`Loaded.blame`: the --set that gave the key or made its table, else the file). Nothing
+is opened or moved: check runs beside the daemon it is about to replace."""
 
 from __future__ import annotations
 
@@ -24,13 +26,41 @@ def check(loaded: Loaded) -> int:
         why = str(exc).removeprefix("runtime.dir ")
         print(f"robotd: {loaded.blame('runtime.dir')}: {why}", file=sys.stderr)
         return 2
-    problems = camera_problems(loaded)
+    from robotd.check_policy import policy_problem
+
+    problems = joint_problems(loaded) + camera_problems(loaded)
+    problems += [p for p in (policy_problem(loaded),) if p is not None]
     for line in problems:
         print(f"robotd: {line}", file=sys.stderr)
     if problems:
         return 2
     print(json.dumps(loaded.config.model_dump(mode="json"), indent=2))
     return 0
+
+
+def joint_problems(loaded: Loaded) -> list[str]:
+    """What the joint driver's `preflight` (a classmethod, given the joint names, the
+    options as load validated them and the config's directory; the servo arms':
+    drivers.servo.preflight) says, as lines of `SOURCE: KEY: why`. Its lines are "KEY,
+    KEY: why": options of the driver, or "names" / "driver" of the joints table; the first
+    key is named, blamed on a --set of any of them (`blame_keys`, as load does)."""
+    from drivers.base import driver_class
+    from robotd.config.overrides import blame_keys
+
+    joints = loaded.config.joints
+    preflight = getattr(driver_class("joints", joints.driver), "preflight", None)
+    if preflight is None or loaded.joint_options is None:
+        return []
+    config_dir = Path(loaded.where).resolve().parent
+    problems = []
+    for line in preflight(joints.names, loaded.joint_options, config_dir):
+        keys, _, why = line.partition(": ")
+        named = [
+            f"joints.{k}" if k in ("names", "driver") else f"joints.options.{k}"
+            for k in keys.split(", ")
+        ]
+        problems.append(f"{blame_keys(loaded.where, named, loaded.origins)}: {why}")
+    return problems
 
 
 def camera_problems(loaded: Loaded) -> list[str]:

@@ -19,7 +19,7 @@ from drivers.dynamixel.codec import DynamixelCodec
 from drivers.servo.bus import Reply, ServoBus
 from drivers.servo.calibration import Calibration
 from drivers.servo.joints import ServoJoints
-from drivers.servo.options import ServoOptions
+from drivers.servo.options import ServoOptions, fixed_rate
 
 _EEPROM = (t.FIRMWARE_VERSION, t.HOMING_OFFSET + 4 - t.FIRMWARE_VERSION)  # 6..23
 
@@ -30,6 +30,11 @@ class DynamixelOptions(ServoOptions):
     gripper_operating_mode: Literal[3, 4, 5] | None = None  # None: operating_mode
     watchdog_ms: int = pydantic.Field(100, ge=0, le=2540)  # 0: off; 20 ms steps
     fast_sync_read: Literal["auto", "on", "off"] = "auto"
+
+    @pydantic.field_validator("baud")
+    @classmethod
+    def _baud(cls, baud: int) -> int:
+        return fixed_rate(baud, t.BAUD_RATES.values(), "an X-series Dynamixel")
 
     @pydantic.field_validator("operating_mode", "gripper_operating_mode", mode="before")
     @classmethod

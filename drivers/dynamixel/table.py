@@ -38,6 +38,18 @@ STATE_BLOCK = (PRESENT_CURRENT, 10)
 RESOLUTION = 4096
 VELOCITY_UNIT_RAD_S = 0.229 * 2 * 3.141592653589793 / 60.0
 WATCHDOG_UNIT_MS = 20
+# Baud Rate (8) holds a code, the rate it stands for fixed by the control table (ROBOTIS
+# e-Manual, X series). 7 (4.5 Mbps) is not an XL330's or XC330's: their table stops at 6.
+BAUD_RATES = {
+    0: 9_600,
+    1: 57_600,
+    2: 115_200,
+    3: 1_000_000,
+    4: 2_000_000,
+    5: 3_000_000,
+    6: 4_000_000,
+    7: 4_500_000,
+}
 
 HARDWARE_ERRORS = {
     0x01: "input voltage",

@@ -10,12 +10,14 @@ from __future__ import annotations
 
 from typing import ClassVar
 
+import pydantic
+
 from drivers.feetech import table as t
 from drivers.feetech.codec import FeetechCodec
 from drivers.servo.bus import ServoBus
 from drivers.servo.calibration import Calibration
 from drivers.servo.joints import ServoJoints
-from drivers.servo.options import ServoOptions
+from drivers.servo.options import ServoOptions, fixed_rate
 
 _EEPROM = (t.RETURN_DELAY_TIME, t.OPERATING_MODE + 1 - t.RETURN_DELAY_TIME)  # 7..33
 
@@ -27,7 +29,10 @@ def word(value: int, sign_bit: int | None = None) -> bytes:
 
 
 class FeetechOptions(ServoOptions):
-    pass
+    @pydantic.field_validator("baud")
+    @classmethod
+    def _baud(cls, baud: int) -> int:
+        return fixed_rate(baud, t.BAUD_RATES.values(), "an STS3215")
 
 
 class FeetechJoints(ServoJoints):

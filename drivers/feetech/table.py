@@ -38,6 +38,19 @@ RESOLUTION = 4096
 VELOCITY_UNIT_RAD_S = 2 * 3.141592653589793 / RESOLUTION
 LOAD_UNIT = 0.001
 MODELS = {777: "sts3215", 2825: "sts3250"}  # model number → name
+# Baud Rate (6) holds a code, the rate it stands for fixed by the servo: Feetech's own
+# SCServo SDK (SMS_STS.h: SMS_STS_1M 0 .. SMS_STS_38400 7). LeRobot's table has 57600 at
+# 5 and 19200 at 7; the rates either names, bar 19200 (Feetech's 7 is 38400), are here.
+BAUD_RATES = {
+    0: 1_000_000,
+    1: 500_000,
+    2: 250_000,
+    3: 128_000,
+    4: 115_200,
+    5: 76_800,
+    6: 57_600,
+    7: 38_400,
+}
 
 SIGN_BITS = {
     HOMING_OFFSET: 11,

@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 from abc import abstractmethod
 from collections.abc import Sequence
+from pathlib import Path
 from typing import ClassVar
 
 import numpy as np
@@ -27,14 +28,9 @@ from drivers.base import (
     JointState,
 )
 from drivers.servo.bus import BusError, Codec, Reply, ServoBus
-from drivers.servo.calibration import (
-    Calibration,
-    CalibrationError,
-    Converter,
-    load_calibration,
-    resolve_path,
-)
+from drivers.servo.calibration import Calibration, Converter, resolve_path
 from drivers.servo.options import ServoOptions
+from drivers.servo.preflight import calibration_problems, port_problem, preflight
 from drivers.servo.reader import StateReader
 from drivers.servo.transport import SerialTransport, TransportError
 
@@ -82,6 +78,16 @@ class ServoJoints(JointDriver):
         if unknown:
             raise ValueError(f"grippers: {unknown} are not joint names {list(names)}")
 
+    @classmethod
+    def preflight(
+        cls, names: Sequence[str], options: DriverOptions, config_dir: Path | None
+    ) -> list[str]:
+        """What `robotd check` refuses before a restart, from files alone (nothing opened,
+        nothing moved): drivers.servo.preflight. Lines of "KEY, KEY: why"."""
+        assert isinstance(options, ServoOptions)
+        path = resolve_path(options.calibration, config_dir)
+        return preflight(cls.protocol, names, options.port, path, options.ids)
+
     # ---- family hooks ------------------------------------------------------------------
 
     @abstractmethod
@@ -123,6 +129,9 @@ class ServoJoints(JointDriver):
             software_direction=self.software_direction,
         )
         o = self.options
+        absent = port_problem(o.port)  # the sentence `robotd check` says
+        if absent is not None:
+            raise DriverFault(f"{self.protocol}: {absent.why}")
         transport = SerialTransport(
             o.port, o.baud, warn=self.context.warn, low_latency=o.low_latency
         )
@@ -229,29 +238,14 @@ class ServoJoints(JointDriver):
     # ---- pieces ------------------------------------------------------------------------
 
     def _load_calibration(self) -> Calibration:
-        path = self.calibration_path
-        if not path.exists():
-            raise DriverFault(
-                f"{self.protocol}: no calibration at {path}: torque stays off until the arm "
-                f"is calibrated; make one with `robotd calibrate --config YOUR_CONFIG.toml` "
-                f"(it walks you through it), or import LeRobot's with `robotd calibrate "
-                f"--config YOUR_CONFIG.toml --import-lerobot FILE.json`"
-            )
-        try:
-            cal = load_calibration(path)
-        except CalibrationError as exc:
-            raise DriverFault(f"{self.protocol}: {exc}") from None
-        if cal.protocol != self.protocol:
-            raise DriverFault(f"{path}: a {cal.protocol} calibration, this arm is {self.protocol}")
-        for name, ident in zip(self.names, self.ids):
-            j = cal.joints.get(name)
-            if j is None:
-                raise DriverFault(f"{path}: no calibration for joint {name!r}", joint=name)
-            if j.id != ident:
-                raise DriverFault(
-                    f"{path}: joint {name!r} is servo {j.id} there, {ident} in the config",
-                    joint=name,
-                )
+        """The calibration, by `calibration_problems`' rules (`robotd check`'s): the
+        first problem is a DriverFault naming it."""
+        cal, problems = calibration_problems(
+            self.calibration_path, self.protocol, self.names, self.ids
+        )
+        if problems:
+            raise DriverFault(f"{self.protocol}: {problems[0].why}", joint=problems[0].joint)
+        assert cal is not None
         return cal
 
     def _ping_all(self) -> None:

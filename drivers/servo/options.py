@@ -2,9 +2,22 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 import pydantic
 
 from drivers.base import DriverOptions
+
+
+def fixed_rate(baud: int, rates: Iterable[int], servos: str) -> int:
+    """`baud` when it is one of `rates`, the ones a servo family's Baud Rate register can
+    hold a code for (a family's options validator), else ValueError naming them: a bus at
+    another rate never hears a reply."""
+    known = sorted(rates, reverse=True)
+    if baud not in known:
+        listed = ", ".join(str(r) for r in known)
+        raise ValueError(f"{baud} is not a rate {servos} can be set to ({listed})")
+    return baud
 
 
 class ServoOptions(DriverOptions):

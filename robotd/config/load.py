@@ -56,13 +56,15 @@ DEFAULT_CONFIG = _default_config(Path(__file__).resolve().parents[2] / "config" 
 class Loaded:
     """A loaded config and what its load knew: where it came from (`where`, the file as
     errors name it; `origins`, what each --set gave or made) and each camera's options as
-    its driver's model validated them (by camera name), for the checks made after load
-    (`robotd check`) to name a key and check options as the load did, not again."""
+    its driver's model validated them (by camera name), and the joint driver's, for the
+    checks made after load (`robotd check`) to name a key and check options as the load
+    did, not again."""
 
     config: Config
     where: str
     origins: Origins
     camera_options: Mapping[str, BaseModel]
+    joint_options: BaseModel | None = None
 
     def blame(self, key: str) -> str:
         """How an error names `key`: the --set that gave it (or made its table), else the
@@ -137,7 +139,7 @@ def loaded_from_dict(
         raise ConfigError("\n".join(problems))
     cfg = _check_tick_timing(cfg, options.get("joints"), where, origins)
     cameras = {k.removeprefix("cameras."): v for k, v in options.items() if k != "joints"}
-    return Loaded(cfg, where, origins, cameras)
+    return Loaded(cfg, where, origins, cameras, options.get("joints"))
 
 
 def _driver_tables(raw: dict[str, Any]) -> Iterator[tuple[str, str, dict[str, Any], str]]:
