@@ -26,6 +26,8 @@ class Outbox:
         self.bytes_out = 0  # writer thread: frame bytes taken out
         self.dropped_records = 0  # producer
         self.dropped_frames = 0  # producer
+        # per control item queued, in order: (dropped_records, dropped_frames) when it was
+        self.control_marks: deque[tuple[int, int]] = deque()
         self._half = max(1, max_items // 2)
 
     def put(self, item: tuple[Any, ...]) -> bool:
@@ -50,6 +52,9 @@ class Outbox:
         return True
 
     def put_control(self, item: tuple[Any, ...]) -> None:
+        # the drops counted so far came before this item: the writer files them under
+        # the file open before it (an episode's begin), not under the one it opens
+        self.control_marks.append((self.dropped_records, self.dropped_frames))
         self._q.append(item)
         self.wake.set()
 

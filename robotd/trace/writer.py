@@ -103,8 +103,9 @@ class WriterThread(threading.Thread):
             self.outbox.bytes_out += item[4].nbytes
             self._pixels(*item[1:])
             return False
-        # drops so far belong to the file open now, before a control item changes it
-        self._note_drops()
+        # the drops counted before this item was queued belong to the file open now,
+        # before the item changes it; those counted since, to the file it opens
+        self._note_drops(self.outbox.control_marks.popleft())
         if kind == "begin":
             self._begin(*item[1:])
         elif kind == "end":
@@ -192,8 +193,10 @@ class WriterThread(threading.Thread):
         data = codec.encode({"name": name, "tick": tick, "detail": detail})
         self._emit(target, _EVENT_SPEC, time.time_ns() if t is None else t, data)
 
-    def _note_drops(self) -> None:
-        now = (self.outbox.dropped_records, self.outbox.dropped_frames)
+    def _note_drops(self, upto: tuple[int, int] | None = None) -> None:
+        """Record the drops since the last noted (up to `upto`, the counts a control item
+        was queued at), as a trace_drop event in the file open now."""
+        now = (self.outbox.dropped_records, self.outbox.dropped_frames) if upto is None else upto
         if now != self._drops_seen:
             records, frames = now[0] - self._drops_seen[0], now[1] - self._drops_seen[1]
             self._drops_seen = now
