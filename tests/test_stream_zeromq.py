@@ -297,7 +297,9 @@ def _binds(kind: str, scheme: str, short: Path) -> str:
     return f"{kind}tcp://127.0.0.1:0" if scheme == "tcp" else f"{kind}ipc://{short}/w.sock"
 
 
-@pytest.mark.parametrize("scheme", ["tcp", "ipc"])
+# each mix-up end to end once, over tcp for one and ipc for the other (the detection is the
+# same code on both: the reader and probe tests above take each transport apart)
+@pytest.mark.parametrize("scheme", ["tcp"])
 def test_a_stream_daemon_names_a_zeromq_worker(
     tmp_path: Path, short_dir: Path, scheme: str
 ) -> None:
@@ -321,7 +323,7 @@ def test_a_stream_daemon_names_a_zeromq_worker(
         worker.stop()
 
 
-@pytest.mark.parametrize("scheme", ["tcp", "ipc"])
+@pytest.mark.parametrize("scheme", ["ipc"])
 def test_a_zeromq_daemon_and_a_stream_worker_name_each_other(
     tmp_path: Path, short_dir: Path, scheme: str
 ) -> None:

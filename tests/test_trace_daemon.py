@@ -147,6 +147,9 @@ def test_every_event_kind_of_a_daemon_run_is_recorded(operated):
     frame = two["/camera/top"][0]
     img = cv2.imdecode(np.frombuffer(frame_bytes(frame), np.uint8), cv2.IMREAD_COLOR)
     assert frame["format"] == "jpeg" and img.shape == (224, 224, 3)  # the uplink's own JPEG
+    # trace.frames = "policy": one frame per upload, not one per tick, of the cameras it reads
+    assert len(two["/camera/top"]) < len(two["/robot/tick"]) / 3
+    assert not any(t.startswith("/camera/") and t != "/camera/top" for t in one | two)
     info = json.loads((run / "run.json").read_text())
     assert info["ended"] and info["stats"]["dropped_records"] == 0
 

@@ -1,7 +1,8 @@
 """``trace.frames`` in a real daemon run of the sim config: in "all" mode one /camera/NAME
 record per frame the ticks saw, at the camera's resolution (those the ring overwrote
 counted instead), a LeRobot export whose video shows each tick's own frame, and trace show
-and replay as in any trace; ``true`` records what the policy read, as before ("policy")."""
+and replay as in any trace. What "policy" records is checked by tests/test_trace_daemon.py's
+run, and ``true`` meaning "policy" at load by tests/test_trace_all_frames.py."""
 
 from __future__ import annotations
 
@@ -37,11 +38,6 @@ def _recorded(tmp: Path, frames: str) -> tuple[Path, list[Any], dict[str, Any]]:
 @pytest.fixture(scope="module")
 def all_run(tmp_path_factory):
     return _recorded(tmp_path_factory.mktemp("all"), '"all"')
-
-
-@pytest.fixture(scope="module")
-def policy_run(tmp_path_factory):
-    return _recorded(tmp_path_factory.mktemp("policy"), "true")
 
 
 def _img(record: dict[str, Any]) -> np.ndarray:
@@ -115,14 +111,3 @@ def test_all_mode_replays_and_shows(all_run, capsys):
     assert show_main([str(path), "--json"]) == 0
     shown = json.loads(capsys.readouterr().out)
     assert shown  # frames without their bytes, as ever
-
-
-def test_true_records_what_the_policy_read_as_before(policy_run):
-    path, msgs, info = policy_run
-    ticks = _ticks(msgs)
-    top = [m.record for m in msgs if m.topic == "/camera/top"]
-    assert top and all(_img(r).shape == (224, 224, 3) for r in top[:3])  # the uplink's JPEG
-    assert len(top) < len(ticks) / 3  # one per upload, not one per tick
-    assert not any(m.topic == "/camera/wrist" for m in msgs)  # the demo policy reads top alone
-    assert info["config"]["trace"]["frames"] == "policy"
-    assert replay(path).match
