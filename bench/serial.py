@@ -260,7 +260,8 @@ def _parse() -> argparse.Namespace:
     p.add_argument("--config", type=Path, help="the robot's config (hardware in the loop)")
     p.add_argument("--port", help="with --config: this port instead of the config's")
     p.add_argument("--servos", type=int, help="--emulate PROTOCOL: the synthetic arm's (6)")
-    p.add_argument("--baud", type=int, help="--emulate PROTOCOL: the bus's (1000000)")
+    p.add_argument("--baud", type=int, help="--emulate PROTOCOL: the bus's (1000000), one the "
+                   "servos have (docs/config.md, joints.options.baud)")
     p.add_argument("--seconds", type=float, default=5.0)
     p.add_argument("--json", action="store_true")
     a = p.parse_args()
