@@ -140,6 +140,10 @@ def test_layout_matches_lerobot_v3(tmp_path):
     assert [e["robotd/success"] for e in eps] == [True, False]
     assert [e["robotd/outcome"] for e in eps] == ["stopped", "stopped"]
     assert [e["robotd/skipped"] for e in eps] == [4, 4]  # tick() skips steps 0, 11, 22, 33
+    for e in eps:  # per-episode image stats too, (3, 1, 1) per channel as LeRobot's
+        mean = np.array(e["stats/observation.images.top/mean"])
+        assert mean.shape == (3, 1, 1) and ((mean >= 0) & (mean <= 1)).all()
+        assert e["stats/observation.images.wrist/count"] == [40]
     stats = json.loads((out / "meta/stats.json").read_text())
     assert set(stats["action"]) == {"min", "max", "mean", "std", "count", "q01", "q10", "q50",
                                     "q90", "q99"}

@@ -216,13 +216,13 @@ class DatasetWriter:
         key = f"observation.images.{cam}"
         path = self.root / VIDEO_PATH.format(video_key=key, chunk_index=chunk, file_index=file)
         sample_every = max(1, ep.ticks // 50)
-        samples = self.samples[cam]
+        mine: list[np.ndarray] = []  # this episode's samples: its own stats, and the dataset's
 
         def sampled():
             shown = frames_at_ticks(camera_frames(ep.path, cam), ep.log_time, ep.refs.get(cam))
             for i, img in enumerate(shown):
                 if i % sample_every == 0:
-                    samples.append(img)
+                    mine.append(img)
                 yield img
 
         info = write_video(path, sampled(), self.fps, self.codec)
@@ -232,12 +232,16 @@ class DatasetWriter:
                 f"{ep.path}: camera {cam} is {info.width}x{info.height}, "
                 f"other episodes' are {shape[0]}x{shape[1]}"
             )
-        return {
+        self.samples[cam].extend(mine)
+        row = {
             f"videos/{key}/chunk_index": chunk,
             f"videos/{key}/file_index": file,
             f"videos/{key}/from_timestamp": 0.0,
             f"videos/{key}/to_timestamp": info.frames / self.fps,
         }
+        if mine:  # per episode as LeRobot keeps them: what merging datasets aggregates
+            row |= {f"stats/{key}/{k}": v for k, v in _image_stats(mine).items()}
+        return row
 
     def finish(self) -> DatasetSummary:
         pa, pq, meta = self.pa, self.pq, self.root / "meta"
