@@ -26,7 +26,8 @@ from importlib.machinery import ModuleSpec
 from robotd.config import Loaded
 
 # a source spelling any of these may bind names it does not spell out
-DYNAMIC = ("globals()", "sys.modules", "__getattr__", "__path__", "setattr(")
+DYNAMIC = ("globals()", "locals()", "vars(", "exec(", "sys.modules", "__getattr__",
+           "__path__", "setattr(")
 
 
 def policy_problem(loaded: Loaded) -> str | None:

@@ -200,3 +200,49 @@ def test_the_export_pairs_each_tick_with_the_frame_it_referenced():
     # without references (an older trace): by capture time, as before
     by_time = frames_at_ticks(frames[:3], np.array([50, 100, 200, 300]))
     assert [int(img[0, 0, 0]) for img in by_time] == [10, 20, 20, 30]
+
+
+def test_a_drop_after_a_queued_begin_is_never_filed_before_it(tmp_path):
+    """The writer's drain ends just as the event loop queues an episode's begin and then
+    drops a frame: the drop is the episode's, and no file gets a negative count. The writer
+    is driven by hand (not started) to take that order exactly."""
+    from robotd.trace.outbox import Outbox
+    from robotd.trace.writer import WriterSettings, WriterThread
+
+    outbox = Outbox(16, 1 << 20)
+    writer = WriterThread(outbox, None, WriterSettings(), None)
+    noted: list[tuple[int | None, dict]] = []
+    writer._event = lambda target, name, detail, t=None, tick=None: noted.append(  # type: ignore[method-assign]
+        (writer.current, detail))
+    outbox.put_control(("verdict", 1, {}))  # a control item queued, not yet taken
+    outbox.dropped_frames += 1  # a frame dropped after it was queued
+    writer._note_drops(writer._drops_before_next_control())  # the end of a drain
+    assert noted == []  # not filed before the item that came first
+    outbox.take()
+    writer._note_drops(outbox.control_marks.popleft())  # the item: nothing before it
+    writer._note_drops(writer._drops_before_next_control())
+    assert [d["frames"] for _, d in noted] == [1]
+
+
+def test_a_frame_the_queue_has_no_room_for_is_never_copied_out(tmp_path):
+    big = FrameRing.create(f"robotd-test-allframes-room-{next(_names)}", (1024, 1024, 3), 8)
+
+    class Counted:  # the real ring, its reads counted
+        slots, shape, reads = big.slots, big.shape, 0
+
+        def read(self, index):
+            Counted.reads += 1
+            return big.read(index)
+
+    try:
+        rec = _recorder(tmp_path, {"top": Counted()}, queue_bytes=1 << 20)  # room for none
+        first = big.write(np.zeros(big.shape, np.uint8), 10)
+        rec.feed(_step(0, (first, 10)))
+        for s in range(1, 8):  # a catch-up: 7 frames at once, as after a stall
+            last = big.write(np.zeros(big.shape, np.uint8), 10 + s)
+        rec.feed(_step(1, (last, 17)))
+        rec.store.close()
+    finally:
+        big.close()
+        big.unlink()
+    assert Counted.reads == 0 and rec.store.stats().dropped_frames == 8

@@ -194,3 +194,25 @@ def test_a_reader_that_goes_away_ends_show_quietly(tmp_path):
     proc.stdout.close()
     _, err = proc.communicate(timeout=60)
     assert proc.returncode == 141 and b"Traceback" not in err, err.decode()[-2000:]
+
+
+def test_folding_holds_a_run_not_its_records():
+    import tracemalloc
+
+    from robotd.trace.reader import TraceMessage
+    from robotd.trace.show import _fold
+
+    def messages():  # an episode of one run: 3000 ticks, a 20 kB frame before each
+        for s in range(3000):
+            yield TraceMessage("/camera/top", s * 10, s, {"frame_index": s, "data": "x" * 20_000})
+            yield TraceMessage("/robot/tick", s * 10 + 1, s, tick(s) | {"held": False,
+                               "shield": "", "ok": True, "skipped": False})
+
+    tracemalloc.start()
+    try:
+        lines = [text for _, text in _fold(messages())]
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert lines == ["ticks s=0..2999 (3000) moving", "frames top #0..#2999 (3000)"], lines
+    assert peak < 5_000_000, peak  # the 60 MB of frames were never held

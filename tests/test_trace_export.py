@@ -248,3 +248,14 @@ def test_an_output_that_cannot_be_made_is_named_not_its_temporary(tmp_path):
         export_lerobot([run], Path("/proc/robotd-no-such/ds"))
     assert str(err.value).startswith("/proc/robotd-no-such/ds: cannot be made there")
     assert "partial" not in str(err.value)
+
+
+def test_statistics_samples_stay_small_and_bounded():
+    from robotd.trace import lerobot
+
+    img = np.full((1080, 1920, 3), 77, np.uint8)
+    small = lerobot._stats_sample(img)
+    assert max(small.shape[:2]) <= 2 * lerobot.STATS_SIDE and (small == 77).all()
+    samples = [small] * (lerobot.MAX_SAMPLES + 1)
+    lerobot._thin(samples)
+    assert len(samples) <= lerobot.MAX_SAMPLES // 2 + 1

@@ -47,15 +47,19 @@ class StepRecorder:
         """The record of this tick's step; `ok` False when a camera's frame is missing or
         too old."""
         cams: dict[str, FrameRef | None] = {}
-        stale: list[str] = []
+        ok = True
         for name, limit in self.limits.items():
             ref = frames.get(name)
             cams[name] = ref
             if ref is None or now_ns - ref[1] > limit:
-                stale.append(name)
-        ok = not stale
-        if stale or self.stale:  # the usual tick has none: nothing more to do
-            self.stale = tuple(stale)
+                ok = False
+        if not ok:  # which cameras, said by status: only on a step that has some
+            stale = tuple(n for n, lim in self.limits.items()
+                          if (r := cams[n]) is None or now_ns - r[1] > lim)
+            if stale != self.stale:
+                self.stale = stale
+        elif self.stale:
+            self.stale = ()
         rec = Step(
             episode,
             wep,

@@ -33,6 +33,7 @@ class Ring(Protocol):
     """What is read of a camera ring (robotd.shm.FrameRing)."""
 
     slots: int
+    shape: tuple[int, int, int]
 
     def read(self, index: int) -> tuple[np.ndarray, int] | None: ...
 
@@ -78,6 +79,11 @@ class CameraFrames:
 
     def _one(self, episode: EpisodeWriter, camera: str, ring: Ring, index: int,
              offset_ns: int) -> int:
+        h, w, c = ring.shape
+        if not episode.frame_room(h * w * c):
+            # the writer's queue is full (a catch-up after a stall): dropped and counted
+            # before it is copied out of the ring, not after
+            return 0
         try:
             got = ring.read(index)
         except Exception as exc:  # a ring closed under us: skipped and counted, said once

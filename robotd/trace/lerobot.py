@@ -71,9 +71,31 @@ def _stats(x: np.ndarray) -> dict[str, Any]:
     return {k: np.atleast_1d(v).tolist() for k, v in out.items()}
 
 
+STATS_SIDE = 150  # sampled frames are shrunk to about this many pixels a side, as LeRobot's
+MAX_SAMPLES = 1000  # per camera for the dataset's statistics; thinned evenly past it
+
+
+def _stats_sample(img: np.ndarray) -> np.ndarray:
+    """A frame shrunk for statistics (area filter: the means hold), so that an export of
+    many high-resolution episodes keeps kilobytes a sample, not megabytes."""
+    import cv2
+
+    h, w = img.shape[:2]
+    k = max(1, round(max(h, w) / STATS_SIDE))
+    if k == 1:
+        return img.copy()
+    return cv2.resize(img, (max(1, w // k), max(1, h // k)), interpolation=cv2.INTER_AREA)
+
+
+def _thin(samples: list[np.ndarray]) -> None:
+    """Keep every other sample once there are MAX_SAMPLES (the dataset's stay bounded)."""
+    if len(samples) > MAX_SAMPLES:
+        del samples[1::2]
+
+
 def _image_stats(samples: list[np.ndarray]) -> dict[str, Any]:
     """Per-channel statistics of sampled RGB frames in 0..1, shaped (3, 1, 1) as LeRobot's."""
-    x = np.stack([s[:, :, ::-1] for s in samples]).astype(np.float64) / 255.0  # BGR → RGB
+    x = np.stack([s[:, :, ::-1] for s in samples]).astype(np.float32) / 255.0  # BGR → RGB
     x = x.transpose(0, 3, 1, 2)  # N C H W
     red = (0, 2, 3)
     out = {"min": x.min(red), "max": x.max(red), "mean": x.mean(red), "std": x.std(red)}
@@ -222,7 +244,7 @@ class DatasetWriter:
             shown = frames_at_ticks(camera_frames(ep.path, cam), ep.log_time, ep.refs.get(cam))
             for i, img in enumerate(shown):
                 if i % sample_every == 0:
-                    mine.append(img)
+                    mine.append(_stats_sample(img))
                 yield img
 
         info = write_video(path, sampled(), self.fps, self.codec)
@@ -233,6 +255,7 @@ class DatasetWriter:
                 f"other episodes' are {shape[0]}x{shape[1]}"
             )
         self.samples[cam].extend(mine)
+        _thin(self.samples[cam])
         row = {
             f"videos/{key}/chunk_index": chunk,
             f"videos/{key}/file_index": file,

@@ -51,6 +51,15 @@ class Outbox:
         self._q.append(item)
         return True
 
+    def take_frame_room(self, nbytes: int) -> bool:
+        """Whether a frame of `nbytes` would be queued now; when not, it is counted as
+        dropped here (the caller then need not copy it out of its ring at all)."""
+        queued = self.bytes_in - self.bytes_out
+        if len(self._q) >= self.max_items or queued + nbytes > self.max_bytes:
+            self.dropped_frames += 1
+            return False
+        return True
+
     def put_control(self, item: tuple[Any, ...]) -> None:
         # the drops counted so far came before this item: the writer files them under
         # the file open before it (an episode's begin), not under the one it opens

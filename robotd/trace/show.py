@@ -85,38 +85,57 @@ def _one(msg: TraceMessage) -> str:
     return f"{msg.topic} {json.dumps(r)[:200]}"
 
 
+class _Run:
+    """A run of like records, held as its first, its last and a count: a folded line
+    needs no more, and an episode can be one run of thousands of ticks and frames."""
+
+    __slots__ = ("first", "last", "n")
+
+    def __init__(self, msg: TraceMessage) -> None:
+        self.first = self.last = msg
+        self.n = 1
+
+    def add(self, msg: TraceMessage) -> None:
+        self.last = msg
+        self.n += 1
+
+
 def _fold(messages: Iterator[TraceMessage]) -> Iterator[tuple[int, str]]:
     """(log_time, line) with runs of same-state ticks folded, and each camera's frames
     folded beside them: frames never break a run of ticks (with trace.frames = "all" one
     comes before every tick), they are said as one line a camera when the run ends."""
-    run: list[TraceMessage] = []
-    frames: dict[str, list[TraceMessage]] = {}
+    run: _Run | None = None
+    frames: dict[str, _Run] = {}
     key = None
 
     def flush(end: bool = False) -> Iterator[tuple[int, str]]:
-        if not run and not end:  # frames before a run's first tick are that run's
+        nonlocal run
+        if run is None and not end:  # frames before a run's first tick are that run's
             return
-        if len(run) == 1:
-            yield run[0].log_time, _one(run[0])
-        elif run:
-            a, b = run[0].record, run[-1].record
-            yield run[0].log_time, (
-                f"ticks s={a.get('s')}..{b.get('s')} ({len(run)}) {_tick_state(a)}")
+        if run is not None and run.n == 1:
+            yield run.first.log_time, _one(run.first)
+        elif run is not None:
+            a, b = run.first.record, run.last.record
+            yield run.first.log_time, (
+                f"ticks s={a.get('s')}..{b.get('s')} ({run.n}) {_tick_state(a)}")
         for got in frames.values():
-            if len(got) == 1:
-                yield got[0].log_time, _one(got[0])
+            if got.n == 1:
+                yield got.first.log_time, _one(got.first)
             else:
-                cam = got[0].topic.rsplit("/", 1)[-1]
-                a, b = got[0].record, got[-1].record
-                yield got[0].log_time, (
+                cam = got.first.topic.rsplit("/", 1)[-1]
+                a, b = got.first.record, got.last.record
+                yield got.first.log_time, (
                     f"frames {cam} #{a.get('frame_index')}..#{b.get('frame_index')} "
-                    f"({len(got)})")
-        run.clear()
+                    f"({got.n})")
+        run = None
         frames.clear()
 
     for msg in messages:
         if is_camera_topic(msg.topic):
-            frames.setdefault(msg.topic, []).append(msg)
+            if msg.topic in frames:
+                frames[msg.topic].add(msg)
+            else:
+                frames[msg.topic] = _Run(msg)
             continue
         k = (TICK, _tick_state(msg.record), msg.record.get("wep")) if msg.topic == TICK else None
         if k is None or k != key:
@@ -124,8 +143,10 @@ def _fold(messages: Iterator[TraceMessage]) -> Iterator[tuple[int, str]]:
             key = k
         if k is None:
             yield msg.log_time, _one(msg)
+        elif run is None:
+            run = _Run(msg)
         else:
-            run.append(msg)
+            run.add(msg)
     yield from flush(end=True)
 
 

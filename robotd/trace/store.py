@@ -83,6 +83,11 @@ class EpisodeWriter:
         """Record a camera frame as it was handed to the policy (compressed bytes)."""
         return self._store._frame(self._key, camera, log_time_ns, jpeg, frame_index, fmt)
 
+    def frame_room(self, nbytes: int) -> bool:
+        """Whether a frame of `nbytes` pixels would be taken now (False: it is counted as
+        dropped already, like one frame_pixels refused; don't copy it)."""
+        return self._store._frame_room(nbytes)
+
     def frame_pixels(
         self, camera: str, log_time_ns: int, pixels: np.ndarray, frame_index: int
     ) -> bool:
@@ -243,6 +248,9 @@ class TraceStore:
             raise ValueError(f"trace: bad camera name {camera!r}")
         return self._outbox.put_frame(("f", key, camera_topic(camera), t, jpeg, index, fmt),
                                       len(jpeg))
+
+    def _frame_room(self, nbytes: int) -> bool:
+        return not self.frames_on or self._outbox.take_frame_room(nbytes)
 
     def _pixels(self, key: int, camera: str, t: int, pixels: np.ndarray, index: int) -> bool:
         if not self.frames_on:

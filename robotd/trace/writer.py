@@ -84,7 +84,7 @@ class WriterThread(threading.Thread):
                     closing = self._handle(item) or closing
                 except Exception as exc:
                     self._complain(f"item:{item[0]}", f"trace: {item[0]}: {exc!r}")
-            self._note_drops()
+            self._note_drops(self._drops_before_next_control())
             self._flush_due()
             self.cpu_ns = time.thread_time_ns()
         self._shutdown()
@@ -193,12 +193,25 @@ class WriterThread(threading.Thread):
         data = codec.encode({"name": name, "tick": tick, "detail": detail})
         self._emit(target, _EVENT_SPEC, time.time_ns() if t is None else t, data)
 
+    def _drops_before_next_control(self) -> tuple[int, int]:
+        """The drop counts now, but none past those of a control item queued and not yet
+        taken: drops counted after it was queued belong to the file it opens."""
+        live = (self.outbox.dropped_records, self.outbox.dropped_frames)
+        marks = self.outbox.control_marks
+        if not marks:
+            return live
+        try:
+            mark = marks[0]
+        except IndexError:  # taken meanwhile: there is no such item
+            return live
+        return (min(live[0], mark[0]), min(live[1], mark[1]))
+
     def _note_drops(self, upto: tuple[int, int] | None = None) -> None:
         """Record the drops since the last noted (up to `upto`, the counts a control item
         was queued at), as a trace_drop event in the file open now."""
         now = (self.outbox.dropped_records, self.outbox.dropped_frames) if upto is None else upto
-        if now != self._drops_seen:
-            records, frames = now[0] - self._drops_seen[0], now[1] - self._drops_seen[1]
+        records, frames = now[0] - self._drops_seen[0], now[1] - self._drops_seen[1]
+        if (records or frames) and records >= 0 and frames >= 0:
             self._drops_seen = now
             log.warning("trace: queue full: %d records and %d frames dropped", records, frames)
             detail = {"records": records, "frames": frames, "total_records": now[0],
