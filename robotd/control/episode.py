@@ -32,11 +32,12 @@ class CommandRefused(Exception):
 STARTUP = "startup"  # the cause a real robot starts latched with
 
 # What leaves a state for IDLE, said with a refused start (the lane's text is bounded).
+_RESET_DONE = " (reset_done once the robot and scene are back at the start)"
 _HOW = {
     State.IDLE: "",
     State.RUNNING: " (stop it first)",
-    State.ENDED: " (reset_done once the robot and scene are back at the start)",
-    State.RESETTING: " (reset_done once the robot and scene are back at the start)",
+    State.ENDED: _RESET_DONE,
+    State.RESETTING: _RESET_DONE,
     State.FAULT: " (clear_fault to leave it)",
 }
 

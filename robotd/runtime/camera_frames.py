@@ -47,7 +47,6 @@ class CameraFrames:
         self.rings = rings
         self._last: dict[str, int] = {}  # per camera: the last frame index dealt with
         self.lost: dict[str, int] = {}  # per camera: frames gone from the ring, in total
-        self.recorded = 0  # frames handed to the store (it may still drop them: counted)
         self._failed = False
 
     def reset(self) -> None:
@@ -97,5 +96,4 @@ class CameraFrames:
             return 1
         pixels, capture_ns = got  # a fresh array (read copies): the writer's from now on
         episode.frame_pixels(camera, int(capture_ns) + offset_ns, pixels, index)
-        self.recorded += 1
         return 0
