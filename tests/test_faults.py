@@ -1,6 +1,7 @@
 """Faults on the way to the policy, with real processes: a copy of the policy killed, hung or
-out of memory, a hostile chunk, the whole worker killed (and restarted after 1 s, 15 s and,
-with ROBOTD_SOAK=1, 60 s) or stopped, the main process stopped while operators e-stop.
+out of memory, a hostile chunk, the whole worker killed (and restarted after 1 s, after 5 s
+that outlast every timeout shortened for it, and, with ROBOTD_SOAK=1, after 60 s at the
+defaults) or stopped, the main process stopped while operators e-stop.
 The robot holds, the daemon never dies, and the episode goes on in a new one."""
 
 from __future__ import annotations
@@ -24,6 +25,11 @@ from tests.daemon_util import Daemon
 
 SOAK = os.environ.get("ROBOTD_SOAK") == "1"
 LANE = ["--set", 'control.timing="realtime"', "--set", "policy.heartbeat_s=1"]
+# A fault that outlasts every timeout, in seconds rather than the defaults' tens: the robot's
+# patience 3 s (max_hold_steps 90 at 30 Hz, so the episode ends starved) and the reconnect
+# backoff's cap 1 s (reached after 2.4 s of attempts, then tried at the cap).
+SHORT_TIMEOUTS = ["--set", "control.max_hold_steps=90", "--set", "policy.reconnect_max_s=1"]
+OUTLASTS_S = 5.0
 
 
 class Worker:
@@ -129,10 +135,10 @@ def assert_fresh_start(act: dict[str, Any]) -> None:
     assert act["pos"][0] == act["pos"][1]
 
 
-def start_again_if_starved(d: Daemon, away_s: float) -> None:
-    """Away longer than max_hold_steps (10 s at 30 Hz): the watchdog ended the episode
-    (the robot holding); the operator starts the next one."""
-    if away_s * 30 <= 300:
+def start_again_if_starved(d: Daemon, away_s: float, patience_s: float) -> None:
+    """Away longer than the robot's patience (max_hold_steps / hz): the watchdog ended the
+    episode (the robot holding); the operator starts the next one."""
+    if away_s <= patience_s:
         return
     starved = r"episode_end .*'outcome': 'starved'"
     if not any(re.search(starved, line) for line in d.log):  # not logged yet
@@ -201,13 +207,16 @@ def test_an_absurd_actions_hz_is_refused_at_the_handshake(tmp_path: Path) -> Non
             w.stop()
 
 
-@pytest.mark.parametrize("away_s", [1, 15, pytest.param(60, marks=pytest.mark.soak)])
+@pytest.mark.parametrize(
+    ("away_s", "patience_s"),
+    [(1, 10), (OUTLASTS_S, 3), pytest.param(60, 10, marks=pytest.mark.soak)],
+)
 def test_the_whole_worker_killed_and_started_again(
-    worker: Worker, tmp_path: Path, away_s: float
+    worker: Worker, tmp_path: Path, away_s: float, patience_s: float
 ) -> None:
     if away_s >= 60 and not SOAK:
         pytest.skip("60 s away: ROBOTD_SOAK=1")
-    d = running(worker, tmp_path)
+    d = running(worker, tmp_path, *(SHORT_TIMEOUTS if patience_s < 10 else ()))
     worker.kill()
     d.wait_line(r"policy worker gone", timeout=30)
     gone = time.monotonic()
@@ -216,18 +225,18 @@ def test_the_whole_worker_killed_and_started_again(
     seen = len(worker.acts())
     worker.start()
     d.wait_line(r"policy worker back after", timeout=60)
-    start_again_if_starved(d, away_s)
+    start_again_if_starved(d, away_s, patience_s)
     wait_for(lambda: len(worker.acts()) >= seen + 3, "acts on the new worker")
     s = finish(d)
     assert s["episode_resets"] >= 1 and s["reconnects"] == 1
     assert s["worker_gone_s"] >= min(away_s, 1) * 0.9
 
 
-@pytest.mark.parametrize("stopped_s", [5, 12])
+@pytest.mark.parametrize(("stopped_s", "patience_s"), [(OUTLASTS_S, 10), (OUTLASTS_S, 3)])
 def test_a_stopped_worker_is_gone_then_back_and_its_late_replies_never_play(
-    worker: Worker, tmp_path: Path, stopped_s: float
+    worker: Worker, tmp_path: Path, stopped_s: float, patience_s: float
 ) -> None:
-    d = running(worker, tmp_path)
+    d = running(worker, tmp_path, *(SHORT_TIMEOUTS if patience_s < 10 else ()))
     assert worker.proc is not None
     os.kill(worker.proc.pid, signal.SIGSTOP)
     try:
@@ -237,7 +246,7 @@ def test_a_stopped_worker_is_gone_then_back_and_its_late_replies_never_play(
         os.kill(worker.proc.pid, signal.SIGCONT)
     d.wait_line(r"policy worker back after", timeout=60)
     seen = len(worker.acts())
-    start_again_if_starved(d, stopped_s)
+    start_again_if_starved(d, stopped_s, patience_s)
     wait_for(lambda: len(worker.acts()) >= seen + 3, "acts after SIGCONT")
     s = finish(d)
     assert s["episode_resets"] >= 1 and s["stale_rows_played"] == 0
