@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 import statistics
 import subprocess
 import sys
@@ -37,6 +38,7 @@ __all__ = [
     "run_json_child",
     "run_logged",
     "run_main",
+    "start_serve",
     "tail",
 ]
 
@@ -188,6 +190,30 @@ def run_logged(
     if proc.returncode != 0:
         text = log.read_text(errors="replace")
         raise BenchError(f"{what}: exited with status {proc.returncode}; log:\n{tail(text)}")
+
+
+def start_serve(
+    policy: str, *args: str, listening: str, what: str
+) -> tuple[subprocess.Popen[str], re.Match[str]]:
+    """Start ``python -m robotd serve POLICY ARGS...`` (stdout piped, stderr dropped) and read
+    its first stdout line, which must match the regex ``listening`` (serve's "listening on
+    ..." line, with groups for the endpoints a bench needs). Returns the running process,
+    which the caller stops, and the match. When the line does not match, the process is
+    killed and BenchError says ``what`` did not start, with the line."""
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "robotd", "serve", policy, *args],
+        env=child_env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+    )
+    assert proc.stdout is not None
+    line = proc.stdout.readline()  # serve prints it once bound: no polling for the socket
+    found = re.search(listening, line)
+    if not found:
+        proc.kill()
+        raise BenchError(f"{what} did not start: {line.strip() or 'no output'}")
+    return proc, found
 
 
 def median(values: Iterable[float]) -> float:

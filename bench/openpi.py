@@ -37,7 +37,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import re
 import subprocess
 import sys
 import tempfile
@@ -59,6 +58,7 @@ from bench._common import (
     print_table,
     ratio,
     run_main,
+    start_serve,
     tail,
 )
 
@@ -149,23 +149,13 @@ def _openpi_client(python: Path, url: str, calls: int) -> list[float]:
 def _start_native(
     copies: int, inline: bool = False, bind: str = "stream+tcp://127.0.0.1:0"
 ) -> tuple[subprocess.Popen[str], str]:
-    proc = subprocess.Popen(
-        [
-            *(sys.executable, "-m", "robotd", "serve", "bench.openpi:NoWorkPolicy"),
-            *("--bind", bind, "--copies", str(copies)),
-            *(["--inline"] if inline else []),
-        ],
-        env=child_env(),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.DEVNULL,
-        text=True,
+    proc, found = start_serve(
+        "bench.openpi:NoWorkPolicy",
+        *("--bind", bind, "--copies", str(copies)),
+        *(["--inline"] if inline else []),
+        listening=r"listening on (\S+)",
+        what="robotd serve",
     )
-    assert proc.stdout is not None
-    line = proc.stdout.readline()
-    found = re.search(r"listening on (\S+)", line)
-    if not found:
-        proc.kill()
-        raise BenchError(f"robotd serve did not start: {line.strip() or 'no output'}")
     return proc, found.group(1)
 
 

@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import re
 import subprocess
 import sys
 import time
@@ -37,7 +36,7 @@ import anyio
 import cv2
 import numpy as np
 
-from bench._common import BenchError, child_env, emit_json, print_table, ratio, run_main
+from bench._common import BenchError, emit_json, print_table, ratio, run_main, start_serve
 from bench._proxy import Proxy
 from robotd.contract import Actions, Camera, Observations, Stream
 from robotd.lane.messages import ActFailed, Ask, Merged, Step
@@ -268,27 +267,13 @@ async def _measure(
 
 
 def _start_worker() -> tuple[subprocess.Popen[str], list[str]]:
-    proc = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "robotd",
-            "serve",
-            "bench.uplink:BenchPolicy",
-            "--bind",
-            "tcp://127.0.0.1:0",
-        ],
-        env=child_env(),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.DEVNULL,
-        text=True,
+    proc, found = start_serve(
+        "bench.uplink:BenchPolicy",
+        "--bind",
+        "tcp://127.0.0.1:0",
+        listening=r"listening on (\S+) \(observe (\S+)\)",
+        what="the worker",
     )
-    assert proc.stdout is not None
-    line = proc.stdout.readline()
-    found = re.search(r"listening on (\S+) \(observe (\S+)\)", line)
-    if not found:
-        proc.kill()
-        raise BenchError(f"the worker did not start: {line.strip() or 'no output'}")
     return proc, [found.group(1), found.group(2)]
 
 

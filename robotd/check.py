@@ -43,9 +43,8 @@ def joint_problems(loaded: Loaded) -> list[str]:
     options as load validated them and the config's directory; the servo arms':
     drivers.servo.preflight) says, as lines of `SOURCE: KEY: why`. Its lines are "KEY,
     KEY: why": options of the driver, or "names" / "driver" of the joints table; the first
-    key is named, blamed on a --set of any of them (`blame_keys`, as load does)."""
+    key is named, blamed on a --set of any of them (`Loaded.blame_keys`, as load does)."""
     from drivers.base import driver_class
-    from robotd.config.overrides import blame_keys
 
     joints = loaded.config.joints
     preflight = getattr(driver_class("joints", joints.driver), "preflight", None)
@@ -59,7 +58,7 @@ def joint_problems(loaded: Loaded) -> list[str]:
             f"joints.{k}" if k in ("names", "driver") else f"joints.options.{k}"
             for k in keys.split(", ")
         ]
-        problems.append(f"{blame_keys(loaded.where, named, loaded.origins)}: {why}")
+        problems.append(f"{loaded.blame_keys(named)}: {why}")
     return problems
 
 

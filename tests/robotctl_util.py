@@ -1,4 +1,6 @@
-"""Run robotctl as a user would: a subprocess, or in a pseudo-terminal for `watch`."""
+"""Run robotctl as a user would: a subprocess, or in a pseudo-terminal for `watch`; and the
+daemon it talks to, as fixtures a test module takes in (`daemon = latched_daemon(...)` and
+an imported `client`)."""
 
 from __future__ import annotations
 
@@ -12,10 +14,38 @@ import subprocess
 import sys
 import termios
 import time
+from collections.abc import Callable, Iterator
 
-from tests.daemon_util import REPO
+import pytest
+
+from robotd.operator.client import ControlClient
+from tests.daemon_util import REPO, Daemon
 
 ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]|\x1b[()][A-Za-z0-9]|\r")
+
+
+def latched_daemon(name: str) -> Callable[..., Iterator[Daemon]]:
+    """A module-scoped `daemon` fixture: one real daemon for the module's tests, its robot
+    latched (it never moves by itself), in a temporary directory named after `name`; it
+    must stop cleanly (exit 0) on SIGTERM once the module is done."""
+
+    @pytest.fixture(scope="module")
+    def daemon(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Daemon]:
+        d = Daemon(tmp_path_factory.mktemp(name), "--set", 'robot.start="latched"')
+        d.wait_line(r"operator socket")
+        yield d
+        d.signal()
+        assert d.wait_exit() == 0
+
+    return daemon
+
+
+@pytest.fixture
+def client(daemon: Daemon) -> Iterator[ControlClient]:
+    """A control client to the module's `daemon`, closed after the test."""
+    c = ControlClient(daemon.control_endpoint, timeout_s=15)  # generous: CI machines are loaded
+    yield c
+    c.close()
 
 
 def robotctl(*args: str, env: dict[str, str] | None = None, timeout: float = 60):

@@ -14,6 +14,7 @@ from drivers.base import JointState
 from robotd.config import DEFAULT_CONFIG, load_config
 from robotd.control.record import StepRecorder
 from robotd.errors import ConfigError
+from tests.lines_util import at
 
 SIM = DEFAULT_CONFIG.read_text()
 TOP = "[cameras.top]\ndriver = \"sim\"\nwidth = 640\nheight = 480\nfps = 30\nmax_age_ms = 200\n"
@@ -34,8 +35,9 @@ def error(path: Path | None, *overrides: str) -> str:
 
 def test_a_max_age_shorter_than_a_frame_period_is_refused_in_the_file(tmp_path):
     path = write(tmp_path, TOP.replace("fps = 30", "fps = 5").replace("= 200", "= 100"))
+    key = f"{at(path, 'max_age_ms =')}: cameras.top.max_age_ms"
     assert error(path) == (
-        f"{path}: cameras.top.max_age_ms: must be at least one frame period (200 ms at "
+        f"{key}: must be at least one frame period (200 ms at "
         "cameras.top.fps = 5), got 100: the newest frame would be too old 50 % of the time "
         "(the observation invalid, the robot holding); make it 200 ms or more (2 periods, "
         "400 ms, leave a late frame time) or raise cameras.top.fps"

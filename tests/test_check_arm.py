@@ -26,6 +26,7 @@ from robotd.config import load, load_config
 from robotd.errors import ConfigError
 from robotd.runtime.emulate import emulated_calibration
 from tests.daemon_util import REPO
+from tests.lines_util import at
 
 NO_CAMERAS = tuple(f'cameras.{c}.options.fallback="pattern"' for c in ("front", "wrist"))
 
@@ -97,9 +98,11 @@ def test_the_shipped_arm_configs_fail_here_naming_port_and_calibration(tmp_path,
     code, err = check(shipped, capsys)
     lines = err.splitlines()
     assert code == 2 and len(lines) == 2, err
-    assert lines[0].startswith(f"robotd: {shipped}: joints.options.port: cannot open {port}: ")
+    assert lines[0].startswith(
+        f"robotd: {at(shipped, 'port =')}: joints.options.port: cannot open {port}: "
+    )
     assert lines[1].startswith(
-        f"robotd: {shipped}: joints.options.calibration: no calibration at "
+        f"robotd: {at(shipped, 'calibration =')}: joints.options.calibration: no calibration at "
         f"{calibration_of(shipped)}: torque stays off until the arm is calibrated"
     )
 
@@ -109,7 +112,9 @@ def test_a_missing_port_is_refused_as_the_driver_refuses_it(tmp_path, capsys):
     config = arm_config(tmp_path, "so101.toml", str(gone))
     why = f"cannot open {gone}: no such device (is the adapter plugged in?"
     code, err = check(config, capsys)
-    assert code == 2 and err.startswith(f"robotd: {config}: joints.options.port: {why}"), err
+    assert code == 2 and err.startswith(
+        f"robotd: {at(config, 'port =')}: joints.options.port: {why}"
+    ), err
     with pytest.raises(DriverFault, match=f"^feetech: {why.replace('(', '.').replace('?', '.')}"):
         opened(config)
     code, err = check(config, capsys, f'joints.options.port="{tmp_path}/ttyUSB3"')
@@ -122,7 +127,8 @@ def test_a_port_that_is_no_character_device_is_refused(tmp_path, capsys):
     config = arm_config(tmp_path, "koch.toml", str(plain))
     assert check(config, capsys) == (
         2,
-        f"robotd: {config}: joints.options.port: cannot open {plain}: not a serial device "
+        f"robotd: {at(config, 'port =')}: joints.options.port: cannot open {plain}: "
+        "not a serial device "
         "(a regular file)\n",
     )
     code, err = check(config, capsys, f'joints.options.port="{tmp_path}"')
@@ -151,7 +157,9 @@ def test_servo_ids_the_calibration_disagrees_with_are_named_as_the_driver_names_
     config.write_text(text)
     code, err = check(config, capsys)
     assert code == 2 and len(err.splitlines()) == 6, err
-    assert err.startswith(f"robotd: {config}: joints.options.ids: {cal}: joint 'shoulder_pan' ")
+    assert err.startswith(
+        f"robotd: {at(config, 'ids =')}: joints.options.ids: {cal}: joint 'shoulder_pan' "
+    )
     # another calibration named by a --set: the disagreement is blamed on that --set
     other = tmp_path / "other.json"
     other.write_text(cal.read_text())
@@ -173,7 +181,7 @@ def test_a_calibration_of_another_arm_or_unreadable_is_named(tmp_path, capsys, p
     calibration_of(config).write_text("{not json")
     code, err = check(config, capsys)
     assert code == 2
-    assert err.startswith(f"robotd: {config}: joints.options.calibration: ")
+    assert err.startswith(f"robotd: {at(config, 'calibration =')}: joints.options.calibration: ")
     assert f"{calibration_of(config)}: " in err
 
 
@@ -204,8 +212,11 @@ def test_a_baud_rate_the_servos_cannot_be_set_to_is_refused_at_load(tmp_path, na
     load(config, [f"joints.options.baud={good}"])
     text = config.read_text().replace("baud = 1000000", "baud = 1200000")
     config.write_text(text)
-    with pytest.raises(ConfigError, match=rf"^{config}: joints\.options\.baud: 1200000 is not"):
+    with pytest.raises(ConfigError) as info:
         load(config)
+    assert str(info.value).startswith(
+        f"{at(config, 'baud =')}: joints.options.baud: 1200000 is not"
+    )
 
 
 def test_the_emulated_arm_check_passed_opens(tmp_path, capsys):
@@ -237,7 +248,10 @@ def test_a_policy_that_is_not_there_is_refused(tmp_path, capsys, pty, serve, why
         f"robotd: --set policy.serve: {sentence}\n",
     )
     config.write_text(config.read_text().replace('"robotd.demo:Wave"', f'"{serve}"'))
-    assert check(config, capsys) == (2, f"robotd: {config}: policy.serve: {sentence}\n")
+    assert check(config, capsys) == (
+        2,
+        f"robotd: {at(config, 'serve =')}: policy.serve: {sentence}\n",
+    )
     # a remote worker serves what it was started with: not judged
     remote = 'policy.worker="stream+tcp://gpu-box:5555"'
     assert check(config, capsys, remote) == (0, "")

@@ -7,18 +7,12 @@ from pathlib import Path
 
 import pytest
 
-from robotd.config import DEFAULT_CONFIG, load_config
+from robotd.config import load_config
 from robotd.errors import ConfigError
+from tests.config_util import SIM, write
+from tests.lines_util import at
 
 REPO = Path(__file__).resolve().parents[1]
-
-SIM = DEFAULT_CONFIG.read_text()
-
-
-def write(tmp_path: Path, text: str) -> Path:
-    path = tmp_path / "x.toml"
-    path.write_text(text)
-    return path
 
 
 def test_sim_config_is_the_embedded_default():
@@ -35,29 +29,77 @@ def test_sim_config_is_the_embedded_default():
     assert cfg.robot.start == "episode"
 
 
-def test_bad_value_names_file_key_and_rule(tmp_path):
-    path = write(tmp_path, SIM.replace("hz = 30", "hz = -5"))
+# Each case edits one line of the sim config (`old` becomes `new`) so that it breaks one
+# rule; the error must say where and which.
+@pytest.mark.parametrize(
+    ("old", "new", "said"),
+    [
+        pytest.param(
+            "hz = 30", "hz = -5", "control.hz: must be > 0, got -5", id="bad-value-names-the-rule"
+        ),
+        pytest.param(
+            "upper = [2.8, 2.8, 1.0]",
+            "upper = [2.8, 1.0]",
+            "joints.upper: needs one value per joint (3), got 2",
+            id="joint-lists-must-match",
+        ),
+    ],
+)
+def test_a_broken_rule_is_said_with_file_and_key(
+    tmp_path: Path, old: str, new: str, said: str
+) -> None:
+    """The whole message, exactly: the file and the edited line, then the key path and the
+    rule (`said`)."""
+    path = write(tmp_path, SIM.replace(old, new))
     with pytest.raises(ConfigError) as err:
         load_config(path)
-    assert str(err.value) == f"{path}: control.hz: must be > 0, got -5"
+    assert str(err.value) == f"{at(path, new)}: {said}"
 
 
-def test_unknown_key_is_an_error(tmp_path):
-    path = write(tmp_path, SIM.replace("spin_us = 200", "spin_us = 200\nspn_us = 3"))
-    with pytest.raises(ConfigError, match=r"x\.toml: control\.spn_us: unknown key"):
+@pytest.mark.parametrize(
+    ("old", "new", "pattern"),
+    [
+        pytest.param(
+            "spin_us = 200",
+            "spin_us = 200\nspn_us = 3",
+            r"control\.spn_us: unknown key",
+            id="unknown-key",
+        ),
+        pytest.param(
+            "tau_s = 0.05",
+            "tau_s = 0.05\ntaus = 1",
+            r"joints\.options\.taus: unknown key",
+            id="unknown-driver-option",
+        ),
+        pytest.param(
+            'view = "wrist"',
+            'view = "side"',
+            r"cameras\.wrist\.options\.view: must be one of",
+            id="camera-option-names-the-camera",
+        ),
+        pytest.param(
+            'grippers = ["gripper"]',
+            'grippers = ["claw"]',
+            r"grippers: \['claw'\] are not joint names",
+            id="gripper-must-be-a-joint",
+        ),
+        pytest.param(
+            'timing = "realtime"',
+            'timing = "fast"',
+            r"control\.timing: must be one of 'sync' or 'realtime', got 'fast'",
+            id="literal-rule",
+        ),
+    ],
+)
+def test_a_broken_rule_is_an_error_naming_the_key(
+    tmp_path: Path, old: str, new: str, pattern: str
+) -> None:
+    """The message holds `pattern` (a regular expression): the key path and the rule, on
+    the edited line (the last of `new`)."""
+    path = write(tmp_path, SIM.replace(old, new))
+    with pytest.raises(ConfigError, match=pattern) as err:
         load_config(path)
-
-
-def test_unknown_driver_option_is_an_error(tmp_path):
-    path = write(tmp_path, SIM.replace("tau_s = 0.05", "tau_s = 0.05\ntaus = 1"))
-    with pytest.raises(ConfigError, match=r"joints\.options\.taus: unknown key"):
-        load_config(path)
-
-
-def test_camera_option_error_names_the_camera(tmp_path):
-    path = write(tmp_path, SIM.replace('view = "wrist"', 'view = "side"'))
-    with pytest.raises(ConfigError, match=r"cameras\.wrist\.options\.view: must be one of"):
-        load_config(path)
+    assert str(err.value).startswith(f"{at(path, new.splitlines()[-1])}: ")
 
 
 def test_missing_file(tmp_path):
@@ -68,27 +110,6 @@ def test_missing_file(tmp_path):
 def test_not_toml(tmp_path):
     with pytest.raises(ConfigError, match="not valid TOML"):
         load_config(write(tmp_path, "[control\nhz = 3"))
-
-
-def test_joint_lists_must_match(tmp_path):
-    path = write(tmp_path, SIM.replace("upper = [2.8, 2.8, 1.0]", "upper = [2.8, 1.0]"))
-    with pytest.raises(ConfigError) as err:
-        load_config(path)
-    assert str(err.value) == f"{path}: joints.upper: needs one value per joint (3), got 2"
-
-
-def test_gripper_must_be_a_joint(tmp_path):
-    path = write(tmp_path, SIM.replace('grippers = ["gripper"]', 'grippers = ["claw"]'))
-    with pytest.raises(ConfigError, match=r"grippers: \['claw'\] are not joint names"):
-        load_config(path)
-
-
-def test_literal_rule(tmp_path):
-    path = write(tmp_path, SIM.replace('timing = "realtime"', 'timing = "fast"'))
-    with pytest.raises(
-        ConfigError, match=r"control\.timing: must be one of 'sync' or 'realtime', got 'fast'"
-    ):
-        load_config(path)
 
 
 def test_an_empty_string_where_one_is_needed_is_said_in_words():
@@ -116,10 +137,9 @@ def test_overrides_are_validated_like_the_file():
 def test_real_robot_may_not_start_moving_by_itself(tmp_path):
     text = SIM.replace('[cameras.top]\ndriver = "sim"', '[cameras.top]\ndriver = "opencv"')
     path = write(tmp_path, text.replace('[cameras.top.options]\nview = "top"', ""))
-    with pytest.raises(
-        ConfigError, match=r"x\.toml: robot\.start: 'episode' .* simulated robots only"
-    ):
+    with pytest.raises(ConfigError, match=r"robot\.start: 'episode' .* simulated robots only") as e:
         load_config(path)
+    assert str(e.value).startswith(f"{at(path, 'start =')}: robot.start: ")
     # A driver name that names no driver is reported as such, before the rule above.
     path = write(tmp_path, text.replace('driver = "opencv"', 'driver = "nosuch"'))
     with pytest.raises(

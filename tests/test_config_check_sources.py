@@ -17,6 +17,7 @@ import pytest
 from drivers.opencv.options import source_problem
 from robotd.cli import main
 from robotd.config import DEFAULT_CONFIG, load
+from tests.lines_util import at
 
 linux = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="/dev/videoN is Linux's")
 
@@ -56,9 +57,10 @@ def write_video(path: Path) -> Path:
 def test_a_device_index_with_no_device_is_refused_naming_its_path(tmp_path, capsys):
     n = absent_index()
     config = opencv_config(tmp_path, n)
+    top = at(config, "source =", "[cameras.top")
     assert check(config, capsys) == (
         2,
-        f"robotd: {config}: cameras.top.options.source: {n}: no such device (/dev/video{n})\n",
+        f"robotd: {top}: cameras.top.options.source: {n}: no such device (/dev/video{n})\n",
     )
     code, err = check(config, capsys, f"cameras.top.options.source={n}")
     assert code == 2 and err.startswith(f"robotd: --set cameras.top.options.source: {n}: no such")
@@ -101,7 +103,8 @@ def test_check_is_given_the_options_the_load_validated(tmp_path):
     assert (top.source, top.fallback, top.backend) == ("rtsp://cam/s", "pattern", "ffmpeg")
     assert loaded.camera_options["wrist"] is not None  # a sim camera: its own model
     assert loaded.blame("cameras.top.options.backend") == "--set cameras.top.options.backend"
-    assert loaded.blame("cameras.top.options.source") == f"{config}: cameras.top.options.source"
+    top = at(config, "source =", "[cameras.top")
+    assert loaded.blame("cameras.top.options.source") == f"{top}: cameras.top.options.source"
 
 
 def test_a_device_index_that_exists_is_taken(tmp_path):
@@ -144,7 +147,8 @@ def test_a_malformed_stream_url_is_refused(tmp_path, capsys, url, why):
     config = opencv_config(tmp_path, url, fallback="pattern")  # a typo, not an absent camera
     code, err = check(config, capsys)
     assert code == 2
-    assert err.startswith(f"robotd: {config}: cameras.top.options.source: {url}: {why}"), err
+    top = at(config, "source =", "[cameras.top")
+    assert err.startswith(f"robotd: {top}: cameras.top.options.source: {url}: {why}"), err
 
 
 @pytest.mark.parametrize(
@@ -183,7 +187,8 @@ def test_check_refuses_a_bad_url_in_one_line_without_a_traceback(tmp_path):
     argv += ["--set", f'runtime.dir="{tmp_path}/run"']
     done = subprocess.run(argv, capture_output=True, text=True, timeout=120)
     assert done.returncode == 2 and "Traceback" not in done.stderr
+    top = at(config, "source =", "[cameras.top")
     assert done.stderr.splitlines() == [
-        f"robotd: {config}: cameras.top.options.source: rtsp://: no host in the URL (rtsp:// "
+        f"robotd: {top}: cameras.top.options.source: rtsp://: no host in the URL (rtsp:// "
         "needs a host)"
     ]

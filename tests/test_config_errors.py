@@ -8,23 +8,11 @@ from pathlib import Path
 
 import pytest
 
-from robotd.config import DEFAULT_CONFIG, load_config
-from robotd.errors import ConfigError
+from robotd.config import load_config
+from tests.config_util import SIM, error, write
+from tests.lines_util import at
 
-SIM = DEFAULT_CONFIG.read_text()
 SO101 = (Path(__file__).resolve().parents[1] / "config" / "so101.toml").read_text()
-
-
-def write(tmp_path: Path, text: str, name: str = "x.toml") -> Path:
-    path = tmp_path / name
-    path.write_text(text)
-    return path
-
-
-def error(path: Path | None, *overrides: str) -> str:
-    with pytest.raises(ConfigError) as err:
-        load_config(path, list(overrides))
-    return str(err.value)
 
 
 # ---- 1: every float finite ------------------------------------------------------------
@@ -47,7 +35,9 @@ def test_a_float_that_is_not_finite_is_refused_naming_the_key(tmp_path, table, k
     section = table.strip("[]")
     text = re.sub(rf"^{key} = .*\n", "", SIM, flags=re.MULTILINE)  # the file's own value
     path = write(tmp_path, text.replace(f"{table}\n", f"{table}\n{key} = {value}\n", 1))
-    assert error(path) == f"{path}: {section}.{key}: must be a finite number, got {value}"
+    assert error(path) == (
+        f"{at(path, f'{key} = {value}')}: {section}.{key}: must be a finite number, got {value}"
+    )
 
 
 def test_nan_is_not_reported_as_out_of_bounds():
@@ -61,7 +51,8 @@ def test_a_string_infinity_is_refused_too():
 
 def test_a_driver_option_that_is_not_finite(tmp_path):
     path = write(tmp_path, SIM.replace("noise = 0.0005", "noise = nan"))
-    assert error(path) == f"{path}: joints.options.noise: must be a finite number, got nan"
+    noise = at(path, "noise = nan")
+    assert error(path) == f"{noise}: joints.options.noise: must be a finite number, got nan"
     assert error(None, "joints.options.lower=[-1.0, inf, 0.0]") == (
         "--set joints.options.lower[1]: must be a finite number, got inf"
     )
@@ -88,7 +79,8 @@ def test_a_ring_with_too_many_slots_names_fps_and_ring_seconds(tmp_path):
     )
     path = write(tmp_path, text)
     message = error(path)
-    assert message.startswith(f"{path}: cameras.top.ring_seconds: 60 s at cameras.top.fps = 1000")
+    ring = at(path, "ring_seconds =")
+    assert message.startswith(f"{ring}: cameras.top.ring_seconds: 60 s at cameras.top.fps = 1000")
     assert "60001 ring slots, at most 4096" in message
 
 
@@ -114,20 +106,22 @@ def test_stream_wait_is_at_most_what_the_worker_accepts():
 
 def test_servo_ids_one_per_joint_at_load(tmp_path):
     path = write(tmp_path, SO101.replace("ids = [1, 2, 3, 4, 5, 6]", "ids = [1, 2, 3, 4, 5]"))
-    assert error(path).startswith(f"{path}: joints.options.ids: one servo ID per joint (6: ")
+    ids = at(path, "ids =")
+    assert error(path).startswith(f"{ids}: joints.options.ids: one servo ID per joint (6: ")
     assert error(write(tmp_path, SO101), "joints.options.ids=[1, 2]").startswith(
         "--set joints.options.ids: one servo ID per joint (6: "
     )
     text = SO101.replace('grippers = ["gripper"]\ncalibration', 'grippers = ["grip"]\ncalibration')
-    assert error(write(tmp_path, text)).startswith(
-        f"{path}: joints.options.grippers: ['grip'] are not joint names"
-    )
+    said = error(write(tmp_path, text))
+    grippers = at(path, "grippers =", "[joints.options]")
+    assert said.startswith(f"{grippers}: joints.options.grippers: ['grip'] are not joint names")
 
 
 def test_sim_initial_one_per_joint_at_load(tmp_path):
     path = write(tmp_path, SIM.replace("noise = 0.0005", "noise = 0.0005\ninitial = [0.0]"))
     assert error(path) == (
-        f"{path}: joints.options.initial: 1 values for 3 joints ['shoulder', 'elbow', 'gripper']"
+        f"{at(path, 'initial =')}: joints.options.initial: 1 values for 3 joints "
+        "['shoulder', 'elbow', 'gripper']"
     )
     assert error(None, "joints.options.initial=[0.0, 0.0, 5.0]") == (
         "--set joints.options.initial: joint 'gripper' is outside its stops"
@@ -176,7 +170,8 @@ def test_a_rule_spanning_sections_blames_the_set():
 
 def test_the_file_is_still_blamed_for_its_own_values(tmp_path):
     path = write(tmp_path, SIM.replace("noise = 0.0005", "noise = -1"))
-    assert error(path, "control.hz=100") == f"{path}: joints.options.noise: must be >= 0, got -1"
+    noise = at(path, "noise = -1")
+    assert error(path, "control.hz=100") == f"{noise}: joints.options.noise: must be >= 0, got -1"
 
 
 # ---- 6: a driver name typo is reported as such ------------------------------------------
@@ -184,8 +179,9 @@ def test_the_file_is_still_blamed_for_its_own_values(tmp_path):
 
 def test_a_joint_driver_typo_comes_before_the_episode_rule(tmp_path):
     path = write(tmp_path, SIM.replace('[joints]\ndriver = "sim"', '[joints]\ndriver = "simm"'))
+    typo = at(path, 'driver = "simm"')
     assert error(path) == (
-        f"{path}: joints.driver: unknown driver 'simm' (known: dynamixel, feetech, sim)"
+        f"{typo}: joints.driver: unknown driver 'simm' (known: dynamixel, feetech, sim)"
     )
 
 

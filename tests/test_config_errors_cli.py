@@ -13,6 +13,7 @@ import pytest
 from robotd.config import DEFAULT_CONFIG
 from robotd.runtime.rundir import RunDirError, check_run_dir, lock_run_dir
 from robotd.worker.policy_load import PolicyLoadError, load_class
+from tests.lines_util import at
 
 SIM = DEFAULT_CONFIG.read_text()
 SO101 = (Path(__file__).resolve().parents[1] / "config" / "so101.toml").read_text()
@@ -35,7 +36,10 @@ def write(tmp_path: Path, text: str) -> Path:
 
 def test_check_refuses_an_infinite_float(tmp_path):
     path = write(tmp_path, SIM.replace("timeout_s = 10", "timeout_s = inf"))
-    assert check(path) == (2, f"robotd: {path}: policy.timeout_s: must be a finite number, got inf")
+    assert check(path) == (
+        2,
+        f"robotd: {at(path, 'timeout_s =')}: policy.timeout_s: must be a finite number, got inf",
+    )
 
 
 def test_check_refuses_a_ring_the_run_cannot_make(tmp_path):
@@ -46,7 +50,9 @@ def test_check_refuses_a_ring_the_run_cannot_make(tmp_path):
 def test_check_refuses_servo_ids_that_do_not_fit_the_joints(tmp_path):
     path = write(tmp_path, SO101.replace("ids = [1, 2, 3, 4, 5, 6]", "ids = [1, 2, 3, 4, 5]"))
     code, err = check(path)
-    assert code == 2 and err.startswith(f"robotd: {path}: joints.options.ids: one servo ID per")
+    assert code == 2 and err.startswith(
+        f"robotd: {at(path, 'ids =')}: joints.options.ids: one servo ID per"
+    )
 
 
 def test_check_names_a_set_unknown_section(tmp_path):
@@ -61,7 +67,9 @@ def test_check_refuses_a_run_dir_that_cannot_be_made(tmp_path):
     assert code == 2 and err.startswith("robotd: --set runtime.dir: /proc/nope: cannot create it")
     path = write(tmp_path, SIM + '\n[runtime]\ndir = "/proc/nope"\n')
     code, err = check(path)
-    assert code == 2 and err.startswith(f"robotd: {path}: runtime.dir: /proc/nope: cannot")
+    assert code == 2 and err.startswith(
+        f"robotd: {at(path, 'dir =', '[runtime')}: runtime.dir: /proc/nope: cannot"
+    )
 
 
 def test_a_run_dir_in_a_table_a_set_made_is_blamed_on_that_set_not_the_file(tmp_path):

@@ -14,6 +14,7 @@ from robotd.config import DEFAULT_CONFIG, load_config
 from robotd.config.model import HANG_SHARE_OF_PATIENCE
 from robotd.errors import ConfigError
 from tests.daemon_util import REPO
+from tests.lines_util import at
 
 CONFIGS = sorted((REPO / "config").glob("*.toml"))
 
@@ -46,7 +47,7 @@ def test_in_a_file_too_and_robotd_check_refuses_it(tmp_path: Path):
     path.write_text(text.replace("timeout_s = 10", "timeout_s = 10\nhang_s = 2.5"))
     with pytest.raises(ConfigError) as err:
         load_config(path)
-    assert str(err.value).startswith(f"{path}: ")
+    assert str(err.value).startswith(f"{at(path, 'hang_s =')}: policy.hang_s: ")
     assert_names_both(str(err.value), "2.5", 60, "30", "2")
     out = subprocess.run(
         [sys.executable, "-m", "robotd", "check", "--config", str(path)],
@@ -115,4 +116,6 @@ def test_a_patience_made_too_long_by_a_slower_rate_blames_the_rate(tmp_path: Pat
         "--set control.max_hold_steps: must be at most 12000"
     )
     path.write_text(text.replace("max_hold_steps = 300", "max_hold_steps = 99999"))
-    assert error(path).startswith(f"{path}: control.max_hold_steps: must be at most 18000 ")
+    assert error(path).startswith(
+        f"{at(path, 'max_hold_steps =')}: control.max_hold_steps: must be at most 18000 "
+    )

@@ -13,6 +13,7 @@ from drivers.opencv.camera import OpenCVOptions
 from drivers.opencv.options import source_problem
 from robotd.config import DEFAULT_CONFIG, load_config
 from robotd.errors import ConfigError
+from tests.lines_util import at
 
 SIM = DEFAULT_CONFIG.read_text()
 DROID = (DEFAULT_CONFIG.parent / "openpi-droid.toml").read_text()
@@ -39,7 +40,7 @@ def test_a_camera_url_with_an_unclosed_ipv6_host_is_one_line_hiding_its_password
 def test_an_openpi_worker_with_an_unclosed_ipv6_host_names_policy_worker(tmp_path):
     path = write(tmp_path, DROID.replace("ws://127.0.0.1:8000", "ws://[::1:8000"))
     assert error(path) == (
-        f"{path}: policy.worker: 'ws://[::1:8000' is not a URL (Invalid IPv6 URL)"
+        f"{at(path, 'worker =')}: policy.worker: 'ws://[::1:8000' is not a URL (Invalid IPv6 URL)"
     )
 
 
@@ -64,7 +65,8 @@ def test_a_wrong_container_kind_says_table_or_array_not_pydantic_class_names(tmp
     assert error(None, "joints.lower=5") == "--set joints.lower: must be an array, got 5"
     assert error(None, "control.hz=[1]") == "--set control.hz: must be a number, got an array"
     path = write(tmp_path, SIM.replace("[cameras.wrist]\n", "[[cameras.wrist]]\n"))
-    assert f"{path}: cameras.wrist: must be a table, got an array of tables" in error(path)
+    wrist = at(path, "[[cameras.wrist]]")
+    assert f"{wrist}: cameras.wrist: must be a table, got an array of tables" in error(path)
 
 
 def test_a_toml_date_is_shown_as_written_not_as_a_python_repr():
@@ -100,10 +102,11 @@ def test_a_set_that_makes_the_link_openpi_is_blamed_for_the_rules_it_brings():
 def test_every_openpi_rule_broken_is_reported_at_once(tmp_path):
     text = DROID.replace('source = "exterior"', 'source = "extrior"')
     path = write(tmp_path, text.replace('columns = "0:8"', 'columns = "0:9"'))
+    typo, columns = at(path, 'source = "extrior"'), at(path, "columns =")
     assert error(path).splitlines() == [
-        f"{path}: policy.openpi.inputs[0].source: 'extrior' is not one of "
+        f"{typo}: policy.openpi.inputs[0].source: 'extrior' is not one of "
         "['exterior', 'wrist', 'joints.pos', 'joints.vel', 'task']",
-        f"{path}: policy.openpi.actions.columns: selects 9 columns for the robot's 8 joints",
+        f"{columns}: policy.openpi.actions.columns: selects 9 columns for the robot's 8 joints",
     ]
 
 
@@ -116,7 +119,7 @@ def test_every_openpi_rule_broken_is_reported_at_once(tmp_path):
 )
 def test_an_openpi_joint_selection_says_once_what_it_wants(tmp_path, value, why):
     path = write(tmp_path, DROID.replace("joints = [7]", f"joints = {value}"))
-    assert error(path) == f"{path}: policy.openpi.inputs[3].joints: {why}"
+    assert error(path) == f"{at(path, f'joints = {value}')}: policy.openpi.inputs[3].joints: {why}"
 
 
 def test_an_openpi_server_key_of_another_kind_says_once_what_it_wants():

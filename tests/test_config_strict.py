@@ -8,30 +8,16 @@ from __future__ import annotations
 import enum
 import typing
 from datetime import date, datetime, time
-from pathlib import Path, PurePath
+from pathlib import PurePath
 from typing import Any
 
 import pytest
 from pydantic import BaseModel
 
-from robotd.config import DEFAULT_CONFIG, Config, load_config
+from robotd.config import Config, load_config
 from robotd.config.sections import HANG_MIN_S
-from robotd.errors import ConfigError
-
-SIM = DEFAULT_CONFIG.read_text()
-
-
-def write(tmp_path: Path, text: str) -> Path:
-    path = tmp_path / "x.toml"
-    path.write_text(text)
-    return path
-
-
-def error(path: Path | None, *overrides: str) -> str:
-    with pytest.raises(ConfigError) as err:
-        load_config(path, list(overrides))
-    return str(err.value)
-
+from tests.config_util import SIM, error, write
+from tests.lines_util import at
 
 # ---- 1: a section's own rules, dotted and blamed on their source ------------------------
 
@@ -53,8 +39,9 @@ def test_a_joints_rule_in_the_file_names_the_file_and_every_problem(tmp_path):
     text = SIM.replace("upper = [2.8, 2.8, 1.0]", "upper = [2.8, 1.0]")
     path = write(tmp_path, text.replace('grippers = ["gripper"]', 'grippers = ["claw"]'))
     assert error(path).splitlines() == [
-        f"{path}: joints.upper: needs one value per joint (3), got 2",
-        f"{path}: joints.grippers: ['claw'] are not joint names ['shoulder', 'elbow', 'gripper']",
+        f"{at(path, 'upper =')}: joints.upper: needs one value per joint (3), got 2",
+        f"{at(path, 'grippers =')}: joints.grippers: ['claw'] are not joint names "
+        "['shoulder', 'elbow', 'gripper']",
     ]
 
 
@@ -96,9 +83,9 @@ def test_a_nan_is_reported_together_with_the_other_errors(tmp_path):
     text = SIM.replace("hz = 30", "hz = -5").replace("spin_us = 200", "ensemble_decay = nan")
     path = write(tmp_path, text.replace("noise = 0.0005", "noise = -1"))
     assert error(path).splitlines() == [
-        f"{path}: control.ensemble_decay: must be a finite number, got nan",
-        f"{path}: control.hz: must be > 0, got -5",
-        f"{path}: joints.options.noise: must be >= 0, got -1",
+        f"{at(path, 'ensemble_decay =')}: control.ensemble_decay: must be a finite number, got nan",
+        f"{at(path, 'hz =')}: control.hz: must be > 0, got -5",
+        f"{at(path, 'noise =')}: joints.options.noise: must be >= 0, got -1",
     ]
 
 
@@ -159,7 +146,7 @@ def test_a_value_of_another_kind_is_refused_not_coerced(tmp_path, old, new, line
     assert old in SIM
     text = SIM.replace(old, new, 1) if old else f"{SIM}\n{new}"  # "": a table at the end
     path = write(tmp_path, text)
-    assert error(path) == f"{path}: {line}"
+    assert error(path) == f"{at(path, new.splitlines()[-1])}: {line}"
 
 
 def test_an_integer_is_a_floats_value(tmp_path):
@@ -239,7 +226,7 @@ def test_a_leading_byte_order_mark_is_taken(tmp_path):
     path.write_bytes(b"\xef\xbb\xbf" + SIM.encode())
     assert load_config(path) == load_config(None)
     path.write_bytes(b"\xef\xbb\xbf" + SIM.replace("hz = 30", "hz = -5").encode())
-    assert error(path) == f"{path}: control.hz: must be > 0, got -5"
+    assert error(path) == f"{at(path, 'hz =')}: control.hz: must be > 0, got -5"
 
 
 # ---- 6: names used as keys ----------------------------------------------------------------
@@ -255,7 +242,7 @@ def test_an_empty_or_blank_joint_name_is_refused(name):
 def test_a_duplicate_joint_or_gripper_name_is_refused(tmp_path):
     path = write(tmp_path, SIM.replace('"gripper"]\ngrippers', '"shoulder"]\ngrippers'))
     assert error(path) == (
-        f"{path}: joints.names: duplicate joint name 'shoulder' (at [0] and [2])"
+        f"{at(path, 'names =')}: joints.names: duplicate joint name 'shoulder' (at [0] and [2])"
     )
     assert error(None, 'joints.grippers=["gripper", "gripper"]') == (
         "--set joints.grippers: duplicate gripper 'gripper' (at [0] and [1])"

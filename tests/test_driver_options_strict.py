@@ -24,6 +24,7 @@ from drivers.opencv.camera import OpenCVCamera
 from robotd.config import load_config
 from robotd.config.strict import validate_strictly
 from robotd.errors import ConfigError
+from tests.lines_util import at
 
 ROOT = Path(__file__).resolve().parent.parent
 KOCH = ROOT / "config" / "koch.toml"
@@ -50,9 +51,9 @@ def test_an_opencv_source_of_another_kind_is_one_refusal_naming_the_key(value, s
 def test_a_bool_source_in_the_file_is_blamed_on_the_file(tmp_path):
     path = tmp_path / "koch.toml"
     path.write_text(KOCH.read_text().replace("source = 0", "source = true", 1))
+    key = f"{at(path, 'source = true')}: cameras.front.options.source"
     assert error(path, *PATTERN) == (
-        f"{path}: cameras.front.options.source: must be a device index (an integer) or a "
-        "path or URL (a string), got True"
+        f"{key}: must be a device index (an integer) or a path or URL (a string), got True"
     )
 
 

@@ -5,6 +5,8 @@ sockets. (The daemon with a stopped control process: tests/test_lane_silent_e2e.
 from __future__ import annotations
 
 import logging
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import anyio
@@ -151,18 +153,42 @@ class _Said(logging.Handler):
         return next(r for r in self.records if text in r)
 
 
-def test_the_bridge_warns_once_and_says_when_the_lane_speaks_again(tmp_path: Path) -> None:
+@contextmanager
+def _listening() -> Iterator[_Said]:
+    """A _Said on the "robotd" logger for the block, taken off after whatever happened."""
     said = _Said()
     logger = logging.getLogger("robotd")
     logger.addHandler(said)
+    try:
+        yield said
+    finally:
+        logger.removeHandler(said)
 
-    async def main() -> None:
-        ctx = zmq.asyncio.Context()
-        bridge = LaneBridge(ctx, tmp_path, silent_after_s=0.3)
-        bridge.bind()
-        lane = zmq.Context.instance().socket(zmq.PUSH)
-        lane.connect(bridge.up_ep)
-        try:
+
+@contextmanager
+def _bridge_and_lane(
+    tmp_path: Path, silent_after_s: float
+) -> Iterator[tuple[LaneBridge, zmq.Socket]]:
+    """A LaneBridge bound in `tmp_path`, calling the lane silent after `silent_after_s`, and
+    a PUSH socket connected where the control lane's would be; both closed after the block.
+    Entered in the async code that runs the bridge (its zmq.asyncio sockets belong to that
+    loop); the caller starts bridge.run."""
+    ctx = zmq.asyncio.Context()
+    bridge = LaneBridge(ctx, tmp_path, silent_after_s=silent_after_s)
+    bridge.bind()
+    lane = zmq.Context.instance().socket(zmq.PUSH)
+    lane.connect(bridge.up_ep)
+    try:
+        yield bridge, lane
+    finally:
+        lane.close(linger=0)
+        bridge.close()
+        ctx.term()
+
+
+def test_the_bridge_warns_once_and_says_when_the_lane_speaks_again(tmp_path: Path) -> None:
+    async def main(said: _Said) -> None:
+        with _bridge_and_lane(tmp_path, 0.3) as (bridge, lane):
             async with anyio.create_task_group() as tg:
                 tg.start_soon(bridge.run)
                 lane.send(codec.encode_batch([Ready(4242, [])]))
@@ -173,33 +199,18 @@ def test_the_bridge_warns_once_and_says_when_the_lane_speaks_again(tmp_path: Pat
                 back = await said.wait("control lane speaks again after")
                 assert bridge.lane_age()["lane_silent"] is False
                 tg.cancel_scope.cancel()
-        finally:
-            lane.close(linger=0)
-            bridge.close()
-            ctx.term()
         assert float(back.split("after ")[1].split(" s")[0]) >= 0.3
         assert sum("control lane silent for" in r for r in said.records) == 1
 
-    try:
-        anyio.run(main)
-    finally:
-        logger.removeHandler(said)
+    with _listening() as said:
+        anyio.run(main, said)
 
 
 def test_a_lane_that_said_bye_is_not_warned_about(tmp_path: Path) -> None:
-    said = _Said()
-    logger = logging.getLogger("robotd")
-    logger.addHandler(said)
-
     async def main() -> None:
-        ctx = zmq.asyncio.Context()
-        bridge = LaneBridge(ctx, tmp_path, silent_after_s=0.1)
-        bridge.bind()
-        lane = zmq.Context.instance().socket(zmq.PUSH)
-        lane.connect(bridge.up_ep)
-        got_bye = anyio.Event()
-        bridge.on(Bye, lambda m: got_bye.set())
-        try:
+        with _bridge_and_lane(tmp_path, 0.1) as (bridge, lane):
+            got_bye = anyio.Event()
+            bridge.on(Bye, lambda m: got_bye.set())
             async with anyio.create_task_group() as tg:
                 tg.start_soon(bridge.run)
                 lane.send(codec.encode_batch([Ready(1, []), Bye()]))
@@ -207,13 +218,7 @@ def test_a_lane_that_said_bye_is_not_warned_about(tmp_path: Path) -> None:
                     await got_bye.wait()
                 await anyio.sleep(0.5)  # five bounds: the watch had every chance to warn
                 tg.cancel_scope.cancel()
-        finally:
-            lane.close(linger=0)
-            bridge.close()
-            ctx.term()
 
-    try:
+    with _listening() as said:
         anyio.run(main)
-    finally:
-        logger.removeHandler(said)
     assert not any("silent" in r for r in said.records), said.records

@@ -18,9 +18,8 @@ import numpy as np
 import pytest
 
 from robotd.config import load_config
-from robotd.contract import Actions, Camera, Observations, Stream
+from robotd.contract import Actions, Observations, Stream
 from robotd.link.act import ActLink
-from robotd.link.chunks import ChunkLimits
 from robotd.link.client import Handshake, PolicyClient
 from robotd.link.connect import make_uplink, warn_window_over_limit
 from robotd.link.replies import PROTOCOL
@@ -28,37 +27,26 @@ from robotd.link.steps import TIMING_SAMPLE, LinkCounters, RingFrames, StepReade
 from robotd.link.uplink import Uplink, UplinkLimits
 from robotd.link.windows import WindowPlanner
 from tests.fake_router import FakeRouter
-from tests.lane_util import plain
 from tests.serve_util import serving
 from tests.test_uplink import (
     KEYS,
-    FakeObserve,
     Robot,
     ask,
+    feed,
+    make_act_link,
     merged,
+    observed,
     planner,
     reader,
+    refuse_step,
     robot,
+    run,
     settle,
     sockdir,
 )
+from tests.test_uplink import make_uplink as uplink  # connect's make_uplink is used too
 
 __all__ = ["robot", "sockdir"]  # fixtures used here
-
-
-def run(fn: Any) -> Any:
-    return anyio.run(fn, backend_options={"use_uvloop": True})
-
-
-def uplink(endpoint: str, plan: WindowPlanner, rob: Robot, **kwargs: Any) -> Uplink:
-    return Uplink(
-        endpoint,
-        plan,
-        reader(rob),
-        {"cam": Camera(codec="png")},
-        LinkCounters(),
-        **kwargs,
-    )
 
 
 # ---------------------------------------------------------------- a window over the limit
@@ -70,14 +58,8 @@ def test_an_act_whose_window_is_over_the_limit_gets_its_frames_at_once(
     """when_behind=wait, a 3-frame window, a 2-frame limit: the act's last step must not
     wait for room that only the act itself can make."""
     plan = planner(cam=Stream(at=[-6, -3, 0]))
-    fake = FakeObserve(f"ipc://{sockdir}/o.sock")
-    up = uplink(
-        f"ipc://{sockdir}/o.sock",
-        plan,
-        robot,
-        timing="sync",
-        open_loop_horizon=6,
-        limits=UplinkLimits(2, 1 << 30),
+    fake, up = observed(
+        sockdir, plan, robot, timing="sync", open_loop_horizon=6, limits=UplinkLimits(2, 1 << 30)
     )
 
     async def main() -> None:
@@ -89,9 +71,7 @@ def test_an_act_whose_window_is_over_the_limit_gets_its_frames_at_once(
             await fake.wait_for(1)
             up.settled("W", 0, True)
             up.on_chunk(merged({"wep": "W", "from": 0, "at": 0, "rows": 6}))  # next ask at 6
-            for s in range(1, 7):
-                up.on_step(robot.step("W", s))
-                await settle()
+            await feed(up, robot, range(1, 7))
             await fake.wait_for(2)  # steps 0 and 3 are held: step 6 waits for room
             up.on_ask("W", 6, 0)
             up.ensure("W", plan.needed(6, 0))
@@ -138,8 +118,7 @@ def test_a_step_without_a_camera_frame_is_declared_skipped_saying_so(
     sockdir: Path, robot: Robot
 ) -> None:
     plan = planner(cam=Stream(at=[-1, 0]))
-    fake = FakeObserve(f"ipc://{sockdir}/o.sock")
-    up = uplink(f"ipc://{sockdir}/o.sock", plan, robot)
+    fake, up = observed(sockdir, plan, robot)
 
     async def main() -> None:
         async with anyio.create_task_group() as tg:
@@ -268,23 +247,25 @@ def missing(*pairs: tuple[int, str]) -> dict[str, Any]:
     return {"ok": False, "error": error}
 
 
-def act_link(
-    endpoint: str, plan: WindowPlanner, rob: Robot, up: Uplink, chunks: list[dict[str, Any]]
-) -> tuple[PolicyClient, ActLink]:
-    client = PolicyClient(endpoint, timeout_s=5)
-    link = ActLink(
-        client,
-        plan,
-        reader(rob),
-        lambda m: chunks.append(plain(m)),
-        control_hz=30.0,
-        actions=None,
-        limits=ChunkLimits(),
-        uplink=up,
-        stream_wait_s=0.1,
-        counters=up.counters,
-    )
-    return client, link
+def act_once(
+    endpoint: str, plan: WindowPlanner, rob: Robot, up: Uplink, ask_id: int
+) -> list[dict[str, Any]]:
+    """Steps 0..3 of episode W made, then one act asked at step 3 (ask `ask_id`) over a
+    fresh client to the worker at `endpoint`, which must be listening, with no contract
+    (the worker's hello says none); returns the chunk messages the link sent the lane."""
+    chunks: list[dict[str, Any]] = []
+
+    async def main() -> None:
+        client = PolicyClient(endpoint, timeout_s=5)
+        link = make_act_link(client, plan, rob, up, chunks, actions=None, stream_wait_s=0.1)
+        await client.connect()
+        for s in range(4):
+            rob.step("W", s)
+        await ask(link, ask_id, "W", 3)
+        await client.close()
+
+    run(main)
+    return chunks
 
 
 @pytest.mark.parametrize(
@@ -300,18 +281,8 @@ def test_missing_steps_outside_the_window_fail_the_act_not_the_daemon(
     plan = planner(cam=Stream(at=[-2, 0]))
     worker = FakeWorker(f"ipc://{sockdir}/w.sock", lambda m: missing(*pairs))
     up = uplink(f"ipc://{sockdir}/o.sock", plan, robot)
-    chunks: list[dict[str, Any]] = []
-
-    async def main() -> None:
-        client, link = act_link(f"ipc://{sockdir}/w.sock", plan, robot, up, chunks)
-        await client.connect()
-        for s in range(4):
-            robot.step("W", s)
-        await ask(link, 7, "W", 3)
-        await client.close()
-
     try:
-        run(main)
+        chunks = act_once(f"ipc://{sockdir}/w.sock", plan, robot, up, 7)
     finally:
         worker.close()
     assert [c["k"] for c in chunks] == ["act_failed"]
@@ -336,19 +307,9 @@ def test_any_exception_in_an_act_becomes_act_failed_with_its_traceback(
         {"cam": None},
         LinkCounters(),
     )
-    chunks: list[dict[str, Any]] = []
     caplog.set_level(logging.WARNING, "robotd.link")
-
-    async def main() -> None:
-        client, link = act_link(f"ipc://{sockdir}/w.sock", plan, robot, up, chunks)
-        await client.connect()
-        for s in range(4):
-            robot.step("W", s)
-        await ask(link, 8, "W", 3)
-        await client.close()
-
     try:
-        run(main)
+        chunks = act_once(f"ipc://{sockdir}/w.sock", plan, robot, up, 8)
     finally:
         worker.close()
     assert [c["k"] for c in chunks] == ["act_failed"]
@@ -360,23 +321,14 @@ def test_any_exception_in_an_act_becomes_act_failed_with_its_traceback(
 
 
 def test_refused_keys_can_go_up_again(sockdir: Path, robot: Robot) -> None:
-    refuse = {"once": True}
-
-    def answer(msg: dict[str, Any]) -> dict[str, Any] | None:
-        if msg["step"] == 1 and refuse.pop("once", False):
-            return {"code": "episode_frames", "message": "the episode would hold too much"}
-        return None
-
+    answer = refuse_step(1, "episode_frames", "the episode would hold too much", times=1)
     plan = planner(cam=Stream(every=1))
-    fake = FakeObserve(f"ipc://{sockdir}/o.sock", answer)
-    up = uplink(f"ipc://{sockdir}/o.sock", plan, robot)
+    fake, up = observed(sockdir, plan, robot, answer)
 
     async def main() -> None:
         async with anyio.create_task_group() as tg:
             tg.start_soon(up.run)
-            for s in range(3):
-                up.on_step(robot.step("W", s))
-                await settle()
+            await feed(up, robot, range(3))
             await fake.wait_for(3)
             with anyio.fail_after(5):
                 while up.counters.refused_frames != 1:
@@ -412,6 +364,23 @@ POLICY = textwrap.dedent("""
 """)
 
 
+async def linked(
+    endpoint: str, robot: Robot, chunks: list[dict[str, Any]], stream_wait_s: float, **kwargs: Any
+) -> tuple[PolicyClient, Uplink, ActLink]:
+    """A client connected, with observe, to the worker at `endpoint`; an uplink (not running
+    yet; `kwargs` as Uplink takes them) to the observe endpoint it names; and an act link
+    over both, its windows planned from the worker's contract at 30 Hz. The caller closes
+    the client."""
+    client = PolicyClient(endpoint, timeout_s=10)
+    hello = await client.connect(observe=True)
+    plan = WindowPlanner(hello.observations.resolve(30.0), KEYS)
+    up = uplink(hello.endpoints["observe"], plan, robot, **kwargs)
+    link = make_act_link(
+        client, plan, robot, up, chunks, actions=hello.actions, stream_wait_s=stream_wait_s
+    )
+    return client, up, link
+
+
 @pytest.fixture
 def every_worker(sockdir: Path) -> Iterator[tuple[str, Any]]:
     (sockdir / "every_policy.py").write_text(POLICY)
@@ -432,21 +401,8 @@ def test_an_act_that_never_reached_the_policy_leaves_the_every_history_whole(
     chunks: list[dict[str, Any]] = []
 
     async def main() -> None:
-        client = PolicyClient(endpoint, timeout_s=10)
-        hello = await client.connect(observe=True)
-        plan = WindowPlanner(hello.observations.resolve(30.0), KEYS)
-        up = uplink(hello.endpoints["observe"], plan, robot, timing="sync", open_loop_horizon=4)
-        link = ActLink(
-            client,
-            plan,
-            reader(robot),
-            lambda m: chunks.append(plain(m)),
-            control_hz=30.0,
-            actions=hello.actions,
-            limits=ChunkLimits(),
-            uplink=up,
-            stream_wait_s=0.2,
-            counters=up.counters,
+        client, up, link = await linked(
+            endpoint, robot, chunks, 0.2, timing="sync", open_loop_horizon=4
         )
         async with anyio.create_task_group() as tg:
             tg.start_soon(up.run)
@@ -480,22 +436,7 @@ def test_the_act_round_trip_is_measured_from_the_ask(
     chunks: list[dict[str, Any]] = []
 
     async def main() -> LinkCounters:
-        client = PolicyClient(endpoint, timeout_s=10)
-        hello = await client.connect(observe=True)
-        plan = WindowPlanner(hello.observations.resolve(30.0), KEYS)
-        up = uplink(hello.endpoints["observe"], plan, robot)  # never runs: all goes inline
-        link = ActLink(
-            client,
-            plan,
-            reader(robot),
-            lambda m: chunks.append(plain(m)),
-            control_hz=30.0,
-            actions=hello.actions,
-            limits=ChunkLimits(),
-            uplink=up,
-            stream_wait_s=0.3,
-            counters=up.counters,
-        )
+        client, up, link = await linked(endpoint, robot, chunks, 0.3)  # up never runs: inline
         robot.step("W", 0)
         started = time.perf_counter()
         await ask(link, 1, "W", 0)

@@ -20,11 +20,8 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
-import signal
 import subprocess
 import sys
-import tempfile
 import textwrap
 from collections.abc import Iterator
 from pathlib import Path
@@ -33,19 +30,18 @@ from typing import Any
 import pytest
 
 from robotd.trace.reader import read_all
+from tests.policy_util import ROOT, serve_child, short_dir
 
-ROOT = Path(__file__).resolve().parents[1]
 DURATION_S = 3.0
 
 STEP_POLICY = textwrap.dedent('''
     """Rows encode the step they are meant for on the gripper; checks what was played."""
-    import json
-    import os
     import time
 
     import numpy as np
 
     from robotd.contract import Actions, Observations, Stream
+    from tests.policy_util import write_report
 
     SCALE = 0.004  # gripper value of a row meant for step m: SCALE * (m + 1); 0 is "no row"
 
@@ -70,7 +66,7 @@ STEP_POLICY = textwrap.dedent('''
             for step, obs in zip(steps, observations):
                 if step >= 1 and "joints.pos" in obs:
                     self._check(step - 1, float(obs["joints.pos"][2]))
-            self._write()
+            write_report(self.report, self.found)
             t, q = steps[-1], np.asarray(observations[-1]["joints.pos"], dtype=float)
             rows = np.tile(q, (self.horizon, 1))  # the arm joints stay where they are
             rows[:, 2] = SCALE * (t + np.arange(self.horizon) + 1)
@@ -90,22 +86,12 @@ STEP_POLICY = textwrap.dedent('''
             else:
                 f["checked"] += 1
             self.last = value
-
-        def _write(self):
-            tmp = self.report + ".tmp"
-            with open(tmp, "w") as out:
-                json.dump(self.found, out)
-            os.replace(tmp, self.report)
 ''')
 
 
 @pytest.fixture(scope="module")
 def workdir() -> Iterator[Path]:
-    # ipc paths are limited to ~107 bytes; pytest's tmp_path can be longer.
-    path = Path(tempfile.mkdtemp(prefix="robotd-rt-"))
-    (path / "stepmod.py").write_text(STEP_POLICY)
-    yield path
-    shutil.rmtree(path, ignore_errors=True)
+    yield from short_dir("robotd-rt-", {"stepmod.py": STEP_POLICY})
 
 
 def run_daemon(
@@ -147,29 +133,8 @@ def run_daemon(
 def test_demo_policy_at_150_ms_through_a_real_worker_keeps_acting(workdir: Path) -> None:
     endpoint = f"ipc://{workdir}/demo-worker.sock"
     out = workdir / "worker.out"
-    with out.open("w") as sink:
-        worker = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "robotd",
-                "serve",
-                "robotd.demo:DotFollower",
-                "--bind",
-                endpoint,
-                "--arg",
-                "latency_ms=150",
-            ],
-            cwd=ROOT,
-            env={**os.environ, "PYTHONPATH": str(ROOT)},
-            stdout=sink,
-            stderr=subprocess.STDOUT,
-        )
-    try:
+    with serve_child("robotd.demo:DotFollower", endpoint, out, args=["latency_ms=150"]):
         summary = run_daemon(workdir / "a", worker=endpoint)
-    finally:
-        worker.send_signal(signal.SIGTERM)
-        worker.wait(timeout=10)
     assert "listening on" in out.read_text()
     assert summary["acts"] > 0 and summary["chunks"] > 0, summary
     assert summary["rows_dropped"] > 0, summary  # chunks arrived late and lost their past rows

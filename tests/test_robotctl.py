@@ -12,26 +12,12 @@ import stat
 
 import pytest
 
-from robotd.operator.client import ControlClient
 from robotd.operator.locate import locate
-from tests.daemon_util import Daemon, wait_until
-from tests.robotctl_util import PtyWatch, robotctl
+from tests.daemon_util import wait_until
+from tests.robotctl_util import PtyWatch, client, latched_daemon, robotctl
 
-
-@pytest.fixture(scope="module")
-def daemon(tmp_path_factory):
-    d = Daemon(tmp_path_factory.mktemp("ctl"), "--set", 'robot.start="latched"')
-    d.wait_line(r"operator socket")
-    yield d
-    d.signal()
-    assert d.wait_exit() == 0
-
-
-@pytest.fixture
-def client(daemon):
-    c = ControlClient(daemon.control_endpoint, timeout_s=15)
-    yield c
-    c.close()
+daemon = latched_daemon("ctl")
+__all__ = ["client"]  # a fixture used here
 
 
 def _at(endpoint: str) -> dict[str, str]:

@@ -11,32 +11,18 @@ import re
 import signal
 from pathlib import Path
 
-import pytest
-
 from robotd.operator.client import ControlClient
 from robotd.operator.robotctl import EXIT_OK, EXIT_UNREACHABLE, estop_reason
 from tests.daemon_util import Daemon
-from tests.robotctl_util import PtyWatch, robotctl
+from tests.robotctl_util import PtyWatch, client, latched_daemon, robotctl
 
 UNDECODABLE = os.fsdecode(b"\xff stop now")  # what argv holds for bytes that are not UTF-8
 NASTY = "\x1b]0;PWNED\x07\x1b[2J\x9b31m"
 CONTROL = re.compile("[\x00-\x09\x0b-\x1f\x7f-\x9f]")
 
 
-@pytest.fixture(scope="module")
-def daemon(tmp_path_factory):
-    d = Daemon(tmp_path_factory.mktemp("honest"), "--set", 'robot.start="latched"')
-    d.wait_line(r"operator socket")
-    yield d
-    d.signal()
-    assert d.wait_exit() == 0
-
-
-@pytest.fixture
-def client(daemon):
-    c = ControlClient(daemon.control_endpoint, timeout_s=15)
-    yield c
-    c.close()
+daemon = latched_daemon("honest")
+__all__ = ["client"]  # a fixture used here
 
 
 def _at(daemon: Daemon) -> dict[str, str]:

@@ -13,30 +13,24 @@ the promise keeps the prefix's rows (the newer act's own rows for those steps di
 from __future__ import annotations
 
 import json
-import os
-import shutil
-import signal
-import subprocess
-import sys
-import tempfile
 import textwrap
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from tests.test_realtime_e2e import ROOT, run_daemon
+from tests.policy_util import serve_child, short_dir
+from tests.test_realtime_e2e import run_daemon
 
 PREFIX_POLICY = textwrap.dedent('''
     """Checks each frozen prefix it is handed against what the robot then played."""
-    import json
-    import os
     import random
     import time
 
     import numpy as np
 
     from robotd.contract import Actions, Observations, Stream
+    from tests.policy_util import write_report
 
     SCALE = 0.004
 
@@ -72,7 +66,7 @@ PREFIX_POLICY = textwrap.dedent('''
                 for i in range(prefix.shape[0]):
                     self.promised[t + i] = float(prefix[i, 2])
             self._check()
-            self._write()
+            write_report(self.report, self.found)
             q = np.asarray(observations[-1]["joints.pos"], dtype=float)
             rows = np.tile(q, (self.horizon, 1))  # the arm joints stay where they are
             odd = (f["acts"] % 2) * 0.5
@@ -90,46 +84,22 @@ PREFIX_POLICY = textwrap.dedent('''
                     self.found["mismatched"] += 1
                     if self.found["first_mismatch"] is None:
                         self.found["first_mismatch"] = [step, value, self.read[step + 1]]
-
-        def _write(self):
-            tmp = self.report + ".tmp"
-            with open(tmp, "w") as out:
-                json.dump(self.found, out)
-            os.replace(tmp, self.report)
 ''')
 
 
 @pytest.fixture(scope="module")
 def workdir() -> Iterator[Path]:
-    path = Path(tempfile.mkdtemp(prefix="robotd-rtc-"))  # ipc paths must stay short
-    (path / "prefixmod.py").write_text(PREFIX_POLICY)
-    yield path
-    shutil.rmtree(path, ignore_errors=True)
+    yield from short_dir("robotd-rtc-", {"prefixmod.py": PREFIX_POLICY})
 
 
 def test_the_prefix_a_served_policy_is_handed_is_what_the_robot_played(workdir: Path) -> None:
     endpoint = f"ipc://{workdir}/rtc-worker.sock"
     report = workdir / "report.json"
     out = workdir / "worker.out"
-    with out.open("w") as sink:
-        worker = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "robotd",
-                "serve",
-                "prefixmod:PrefixChecker",
-                "--bind",
-                endpoint,
-                "--arg",
-                f"report={report}",
-            ],
-            cwd=ROOT,
-            env={**os.environ, "PYTHONPATH": f"{workdir}{os.pathsep}{ROOT}"},
-            stdout=sink,
-            stderr=subprocess.STDOUT,
-        )
-    try:
+    served = serve_child(
+        "prefixmod:PrefixChecker", endpoint, out, args=[f"report={report}"], pythonpath=[workdir]
+    )
+    with served:
         summary = run_daemon(
             workdir / "run",
             'control.refill_steps="auto"',
@@ -138,9 +108,6 @@ def test_the_prefix_a_served_policy_is_handed_is_what_the_robot_played(workdir: 
             "joints.options.noise=0.0",
             worker=endpoint,
         )
-    finally:
-        worker.send_signal(signal.SIGTERM)
-        worker.wait(timeout=10)
     assert "listening on" in out.read_text(), out.read_text()
     found = json.loads(report.read_text())
     assert found["acts"] >= 5 and found["prefixes"] >= 4, found

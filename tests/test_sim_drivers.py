@@ -51,9 +51,11 @@ def prefix() -> Iterator[str]:
     unlink_prefix(p)
 
 
-def make_arm(clock: FakeClock, **options: object) -> SimArm:
+def make_arm(clock: FakeClock, world: SimWorld | None = None, **options: object) -> SimArm:
+    """A noise-free arm at the zero pose on `clock`, opened: in `world` if given (else in a
+    world of its own), with `options` on top of those."""
     opts = SimArm.Options(noise=0.0, initial=[0.0, 0.0, 0.0], **options)  # type: ignore[arg-type]
-    arm = SimArm(NAMES, opts, DriverContext(clock=clock))
+    arm = SimArm(NAMES, opts, DriverContext(clock=clock), world=world)
     arm.open()
     return arm
 
@@ -194,9 +196,7 @@ def test_arm_noise_is_seeded() -> None:
 def test_arm_ground_truth_and_world() -> None:
     clock = FakeClock()
     world = SimWorld.local(3, clock.now - 2_500 * MS)  # the world started 2.5 s ago
-    options = SimArm.Options(noise=0.0, initial=[0.0, 0.0, 0.0])
-    arm = SimArm(NAMES, options, DriverContext(clock=clock), world=world)
-    arm.open()
+    arm = make_arm(clock, world)
     truth = arm.ground_truth()
     target = g.target_at(2.5)
     assert (truth["tip_x"], truth["tip_y"]) == pytest.approx((1.8, 0.0))
@@ -214,13 +214,7 @@ def test_arm_ground_truth_and_world() -> None:
 def test_arm_ground_truth_reports_the_last_advance_without_advancing() -> None:
     clock = FakeClock()
     world = SimWorld.local(3, clock.now)
-    arm = SimArm(
-        NAMES,
-        SimArm.Options(noise=0.0, initial=[0.0, 0.0, 0.0]),
-        DriverContext(clock=clock),
-        world=world,
-    )
-    arm.open()
+    arm = make_arm(clock, world)
     arm.torque(True)
     arm.write(np.array([0.3, 0.2, 0.5]))
     clock.advance(20 * MS)
@@ -244,13 +238,7 @@ def test_arm_ground_truth_reports_the_last_advance_without_advancing() -> None:
 def test_arm_write_right_after_a_read_does_not_advance() -> None:
     clock = FakeClock()
     world = SimWorld.local(3, clock.now)
-    arm = SimArm(
-        NAMES,
-        SimArm.Options(noise=0.0, initial=[0.0, 0.0, 0.0]),
-        DriverContext(clock=clock),
-        world=world,
-    )
-    arm.open()
+    arm = make_arm(clock, world)
     arm.torque(True)
     arm.write(np.array([0.1, 0.0, 0.0]))
     clock.advance(10 * MS)

@@ -23,6 +23,7 @@ import pytest
 
 from robotd.shm import FrameRing, unlink_prefix
 from tests.daemon_util import REPO, Daemon
+from tests.lines_util import at
 
 W, H = 64, 48
 
@@ -69,7 +70,8 @@ def test_check_refuses_a_source_that_can_never_deliver(tmp_path: Path) -> None:
         config = opencv_config(tmp_path, source)
         out = check(config)
         assert out.returncode == 2, (source, out.stdout[-300:])
-        assert f"robotd: {config}: cameras.top.options.source: {source}: {why}\n" == out.stderr
+        top = at(config, "source =", "[cameras.top")
+        assert f"robotd: {top}: cameras.top.options.source: {source}: {why}\n" == out.stderr
     good = str(write_video(tmp_path / "good.mp4"))
     assert check(opencv_config(tmp_path, good)).returncode == 0
     # A relative path is a file beside the config; a --set is named as the source.

@@ -20,7 +20,7 @@ import anyio
 import numpy as np
 import pytest
 
-from robotd.contract import Camera, Observations, Stream
+from robotd.contract import Actions, Camera, Observations, Stream
 from robotd.lane.messages import Ask, Merged, Step
 from robotd.link.act import ActLink
 from robotd.link.chunks import ChunkLimits
@@ -89,6 +89,23 @@ class FakeObserve(FakeRouter):
 
     def skips(self) -> list[tuple[int, list[str], str]]:
         return [(m["step"], m["keys"], m["reason"]) for m in self.got if m["cmd"] == "skip"]
+
+
+def refuse_step(
+    step: int, code: str, message: str, *, times: int | None = None
+) -> Callable[[dict[str, Any]], dict[str, Any] | None]:
+    """A FakeObserve answer refusing the uploads of `step` with `code` and `message`: the
+    first `times` of them (None: every one). Every other upload is taken."""
+    left = [times]
+
+    def answer(msg: dict[str, Any]) -> dict[str, Any] | None:
+        if msg["step"] != step or left[0] == 0:
+            return None
+        if left[0] is not None:
+            left[0] -= 1
+        return {"code": code, "message": message}
+
+    return answer
 
 
 class Robot:
@@ -165,6 +182,45 @@ def make_uplink(endpoint: str, plan: WindowPlanner, robot: Robot, **kwargs: Any)
     )
 
 
+def observed(
+    sockdir: Path,
+    plan: WindowPlanner,
+    robot: Robot,
+    answer: Callable[[dict[str, Any]], dict[str, Any] | None] = lambda m: None,
+    **kwargs: Any,
+) -> tuple[FakeObserve, Uplink]:
+    """A recording observe socket in `sockdir` (answering with `answer`) and an uplink to it
+    (`kwargs` as Uplink takes them), not running yet. The caller closes the socket."""
+    fake = FakeObserve(f"ipc://{sockdir}/o.sock", answer)
+    return fake, make_uplink(f"ipc://{sockdir}/o.sock", plan, robot, **kwargs)
+
+
+def make_act_link(
+    client: PolicyClient,
+    plan: WindowPlanner,
+    robot: Robot,
+    up: Uplink,
+    chunks: list[dict[str, Any]],
+    *,
+    actions: Actions | None,
+    stream_wait_s: float,
+) -> ActLink:
+    """An act link as the policy session builds it, at HZ, uploading through `up` and
+    counting in its counters; every message it sends the lane lands, plain, in `chunks`."""
+    return ActLink(
+        client,
+        plan,
+        reader(robot),
+        lambda m: chunks.append(plain(m)),
+        control_hz=HZ,
+        actions=actions,
+        limits=ChunkLimits(),
+        uplink=up,
+        stream_wait_s=stream_wait_s,
+        counters=up.counters,
+    )
+
+
 def run(fn: Any) -> Any:
     return anyio.run(fn, backend_options={"use_uvloop": True})
 
@@ -172,6 +228,14 @@ def run(fn: Any) -> Any:
 async def settle() -> None:
     """Let the uplink's tasks (encoding in threads, sending) catch up with a step."""
     await anyio.sleep(0.01)
+
+
+async def feed(up: Uplink, robot: Robot, steps: range) -> None:
+    """Make each of `steps` in episode W and hand it to the uplink, letting it catch up
+    after each, as the control lane's step records would arrive."""
+    for s in steps:
+        up.on_step(robot.step("W", s))
+        await settle()
 
 
 async def drive_sync(
@@ -209,8 +273,7 @@ def test_sync_uploads_exactly_what_the_acts_read_each_once_ahead(
     plan = planner(
         cam=Stream(at=[-6, 0]), **{"joints.pos": Stream(), "joints.vel": Stream(every=2)}
     )
-    fake = FakeObserve(f"ipc://{sockdir}/o.sock")
-    up = make_uplink(f"ipc://{sockdir}/o.sock", plan, robot, timing="sync", open_loop_horizon=5)
+    fake, up = observed(sockdir, plan, robot, timing="sync", open_loop_horizon=5)
 
     expected: set[tuple[int, str]] = set()
 
@@ -252,8 +315,7 @@ def test_sync_uploads_exactly_what_the_acts_read_each_once_ahead(
 
 def test_realtime_predicts_from_the_merged_queue(sockdir: Path, robot: Robot) -> None:
     plan = planner(cam=Stream(at=[-4, 0]))
-    fake = FakeObserve(f"ipc://{sockdir}/o.sock")
-    up = make_uplink(f"ipc://{sockdir}/o.sock", plan, robot, timing="realtime")
+    fake, up = observed(sockdir, plan, robot, timing="realtime")
 
     async def main() -> None:
         async with anyio.create_task_group() as tg:
@@ -268,9 +330,7 @@ def test_realtime_predicts_from_the_merged_queue(sockdir: Path, robot: Robot) ->
             # so the next ask comes when 2 remain: at step 3 + 5 = 8, reading steps 4 and 8.
             report = {"wep": "W", "from": 0, "at": 3, "rows": 10, "dropped": 3, "refill": 2}
             up.on_chunk(merged(report))
-            for s in range(4, 9):
-                up.on_step(robot.step("W", s))
-                await settle()
+            await feed(up, robot, range(4, 9))
             up.on_ask("W", 8, 2)
             up.ensure("W", plan.needed(8, 0))
             await fake.wait_for(3)
@@ -287,8 +347,7 @@ def test_realtime_predicts_from_the_merged_queue(sockdir: Path, robot: Robot) ->
 
 def test_a_mispredicted_step_goes_up_just_before_the_act(sockdir: Path, robot: Robot) -> None:
     plan = planner(cam=Stream(at=[-4, 0]))
-    fake = FakeObserve(f"ipc://{sockdir}/o.sock")
-    up = make_uplink(f"ipc://{sockdir}/o.sock", plan, robot, timing="sync", open_loop_horizon=4)
+    fake, up = observed(sockdir, plan, robot, timing="sync", open_loop_horizon=4)
 
     async def main() -> None:
         async with anyio.create_task_group() as tg:
@@ -296,9 +355,7 @@ def test_a_mispredicted_step_goes_up_just_before_the_act(sockdir: Path, robot: R
             up.on_step(robot.step("W", 0))
             up.on_ask("W", 0, 0)
             up.on_chunk(merged({"wep": "W", "from": 0, "at": 1, "rows": 8}))  # next ask: 5
-            for s in range(1, 8):
-                up.on_step(robot.step("W", s))
-                await settle()
+            await feed(up, robot, range(1, 8))
             # ...but it came at 7 (say an act failed and was asked again): 3 and 7 go now.
             up.on_ask("W", 7, 0)
             up.ensure("W", plan.needed(7, 0))
@@ -316,8 +373,7 @@ def test_a_mispredicted_step_goes_up_just_before_the_act(sockdir: Path, robot: R
 def test_a_frame_overwritten_in_the_ring_is_declared_skipped(sockdir: Path) -> None:
     robot = Robot(slots=4)
     plan = planner(cam=Stream(at=[-6, 0]))
-    fake = FakeObserve(f"ipc://{sockdir}/o.sock")
-    up = make_uplink(f"ipc://{sockdir}/o.sock", plan, robot, timing="sync", open_loop_horizon=8)
+    fake, up = observed(sockdir, plan, robot, timing="sync", open_loop_horizon=8)
 
     async def main() -> None:
         async with anyio.create_task_group() as tg:
@@ -350,21 +406,14 @@ def test_uploads_over_the_limit_wait_or_give_up_the_oldest(
     sockdir: Path, robot: Robot, when_behind: str, caplog: pytest.LogCaptureFixture
 ) -> None:
     plan = planner(cam=Stream(every=1))  # every step goes up
-    fake = FakeObserve(f"ipc://{sockdir}/o.sock")
-    up = make_uplink(
-        f"ipc://{sockdir}/o.sock",
-        plan,
-        robot,
-        limits=UplinkLimits(2, 1 << 30),
-        when_behind=when_behind,
+    fake, up = observed(
+        sockdir, plan, robot, limits=UplinkLimits(2, 1 << 30), when_behind=when_behind
     )
 
     async def main() -> None:
         async with anyio.create_task_group() as tg:
             tg.start_soon(up.run)
-            for s in range(5):
-                up.on_step(robot.step("W", s))
-                await settle()
+            await feed(up, robot, range(5))
             await fake.wait_for(2 if when_behind == "wait" else 4)
             await settle()
             sent_before = fake.posts()
@@ -397,21 +446,13 @@ def test_uploads_over_the_limit_wait_or_give_up_the_oldest(
 def test_refused_uploads_are_counted_and_warned(
     sockdir: Path, robot: Robot, caplog: pytest.LogCaptureFixture
 ) -> None:
-    def answer(msg: dict[str, Any]) -> dict[str, Any] | None:
-        if msg["step"] == 1:
-            return {"code": "worker_bytes", "message": "the worker would hold too much"}
-        return None
-
-    plan = planner(cam=Stream(every=1))
-    fake = FakeObserve(f"ipc://{sockdir}/o.sock", answer)
-    up = make_uplink(f"ipc://{sockdir}/o.sock", plan, robot)
+    answer = refuse_step(1, "worker_bytes", "the worker would hold too much")
+    fake, up = observed(sockdir, planner(cam=Stream(every=1)), robot, answer)
 
     async def main() -> None:
         async with anyio.create_task_group() as tg:
             tg.start_soon(up.run)
-            for s in range(3):
-                up.on_step(robot.step("W", s))
-                await settle()
+            await feed(up, robot, range(3))
             await fake.wait_for(3)
             await settle()
             tg.cancel_scope.cancel()
@@ -457,17 +498,8 @@ def test_what_the_worker_lacks_goes_inline_and_the_act_is_asked_again(
         plan = WindowPlanner(hello.observations.resolve(HZ), KEYS)
         # An uplink that never runs: nothing goes up ahead, so the worker lacks it all.
         up = make_uplink(hello.endpoints["observe"], plan, robot)
-        link = ActLink(
-            client,
-            plan,
-            reader(robot),
-            lambda m: chunks.append(plain(m)),
-            control_hz=HZ,
-            actions=hello.actions,
-            limits=ChunkLimits(),
-            uplink=up,
-            stream_wait_s=0.2,
-            counters=up.counters,
+        link = make_act_link(
+            client, plan, robot, up, chunks, actions=hello.actions, stream_wait_s=0.2
         )
         for s in range(4):
             robot.step("W", s)

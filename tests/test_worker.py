@@ -4,13 +4,11 @@ over real ipc endpoints."""
 from __future__ import annotations
 
 import os
-import shutil
 import signal
 import socket
 import struct
 import subprocess
 import sys
-import tempfile
 import textwrap
 import threading
 import time
@@ -27,6 +25,7 @@ from robotd import wire
 from robotd.contract import Actions, Observations
 from robotd.link.client import PolicyClient, PolicyError
 from robotd.worker.policy_host import PolicyCallError, PolicyHost, PolicyLoadError
+from tests.policy_util import short_dir
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -87,11 +86,7 @@ def run(fn: Callable[[], Awaitable[Any]]) -> Any:
 
 @pytest.fixture(scope="module")
 def sockdir() -> Iterator[Path]:
-    # ipc paths are limited to ~107 bytes; pytest's tmp_path can be longer.
-    path = Path(tempfile.mkdtemp(prefix="robotd-w-"))
-    (path / "policies_mod.py").write_text(POLICIES)
-    yield path
-    shutil.rmtree(path, ignore_errors=True)
+    yield from short_dir("robotd-w-", {"policies_mod.py": POLICIES})
 
 
 def _start(
@@ -280,6 +275,18 @@ def _exactly(sock: socket.socket, n: int) -> bytes:
     return data
 
 
+_LEFT_OUT = object()  # a field _act_request leaves out of the request
+
+
+def _act_request(**fields: Any) -> bytes:
+    """The bytes of an act request: id 1, episode "M", step 2 over steps 1 and 2, with
+    `fields` in place of those (in the same order on the wire); a field set to _LEFT_OUT is
+    not sent at all. The default is well formed: each case breaks one rule."""
+    base = {"id": 1, "cmd": "act", "episode": "M", "step": 2, "steps": [1, 2]}
+    request = {**base, "observations": [{}, {}], **fields}
+    return wire.packb({k: v for k, v in request.items() if v is not _LEFT_OUT})
+
+
 @pytest.mark.parametrize(
     ("body", "code", "needle"),
     [
@@ -288,57 +295,12 @@ def _exactly(sock: socket.socket, n: int) -> bytes:
         (wire.packb({"id": "x", "cmd": "hello"}), "bad_request", "field 'id'"),
         (wire.packb({"id": 1, "cmd": "fly"}), "unknown_command", "'fly'"),
         (wire.packb({"id": 1}), "bad_request", "field 'cmd'"),
+        (_act_request(step=_LEFT_OUT, steps=[0], observations=[{}]), "bad_request", "field 'step'"),
+        (_act_request(observations=[{}]), "bad_request", "field 'observations'"),
+        (_act_request(steps=[2, 1]), "bad_request", "strictly ascending"),
+        (_act_request(step=3), "bad_request", "act's own step"),
         (
-            wire.packb({"id": 1, "cmd": "act", "episode": "M", "steps": [0], "observations": [{}]}),
-            "bad_request",
-            "field 'step'",
-        ),
-        (
-            wire.packb(
-                {
-                    "id": 1,
-                    "cmd": "act",
-                    "episode": "M",
-                    "step": 2,
-                    "steps": [1, 2],
-                    "observations": [{}],
-                }
-            ),
-            "bad_request",
-            "field 'observations'",
-        ),
-        (
-            wire.packb(
-                {
-                    "id": 1,
-                    "cmd": "act",
-                    "episode": "M",
-                    "step": 2,
-                    "steps": [2, 1],
-                    "observations": [{}, {}],
-                }
-            ),
-            "bad_request",
-            "strictly ascending",
-        ),
-        (
-            wire.packb(
-                {
-                    "id": 1,
-                    "cmd": "act",
-                    "episode": "M",
-                    "step": 3,
-                    "steps": [1, 2],
-                    "observations": [{}, {}],
-                }
-            ),
-            "bad_request",
-            "act's own step",
-        ),
-        (
-            wire.packb(
-                {"id": 1, "cmd": "act", "episode": 5, "step": 0, "steps": [0], "observations": [{}]}
-            ),
+            _act_request(episode=5, step=0, steps=[0], observations=[{}]),
             "bad_request",
             "field 'episode'",
         ),
@@ -353,15 +315,7 @@ def test_malformed_requests_get_error_replies(
         reply = peer.request(body)
         assert reply["ok"] is False
         assert reply["error"]["code"] == code and needle in reply["error"]["message"]
-        good = {
-            "id": 42,
-            "cmd": "act",
-            "episode": "M",
-            "step": 3,
-            "steps": [3],
-            "observations": [{"x": 2.0}],
-        }
-        answer = peer.request(wire.packb(good))
+        answer = peer.request(_act_request(id=42, step=3, steps=[3], observations=[{"x": 2.0}]))
         assert answer["id"] == 42 and answer["ok"] is True
         assert answer["result"]["actions"].shape == (2, 5)
     finally:
@@ -444,6 +398,12 @@ class _FakeWorker:
         self.sock.close()
         self.ctx.term()
 
+    def __enter__(self) -> _FakeWorker:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()  # whatever the test body raised: a bound socket must not outlive it
+
 
 def _hello_reply(req: dict) -> dict:
     return {
@@ -488,10 +448,8 @@ def test_timeout_against_a_worker_that_never_answers(sockdir: Path) -> None:
             await nobody.connect()
         await nobody.close()
 
-    try:
+    with fake:
         run(main)
-    finally:
-        fake.close()
 
 
 def test_close_fails_requests_still_waiting(sockdir: Path) -> None:
@@ -518,10 +476,8 @@ def test_close_fails_requests_still_waiting(sockdir: Path) -> None:
         with pytest.raises(PolicyError, match="not connected"):
             await client.end_episode("W")
 
-    try:
+    with fake:
         run(main)
-    finally:
-        fake.close()
 
 
 def test_late_reply_is_dropped_and_the_next_one_matched(sockdir: Path) -> None:
@@ -547,10 +503,8 @@ def test_late_reply_is_dropped_and_the_next_one_matched(sockdir: Path) -> None:
         assert result.step == 1 and result.actions[0, 0] == 1.0
         await client.close()
 
-    try:
+    with fake:
         run(main)
-    finally:
-        fake.close()
 
 
 @pytest.mark.parametrize(
@@ -602,10 +556,8 @@ def test_malformed_act_reply_names_the_field(sockdir: Path, reply: dict, needle:
         assert err.value.code == "bad_reply" and needle in err.value.message
         await client.close()
 
-    try:
+    with fake:
         run(main)
-    finally:
-        fake.close()
 
 
 def test_an_act_shaped_reply_to_a_ping_is_read_as_a_ping_reply(sockdir: Path) -> None:
@@ -630,10 +582,8 @@ def test_an_act_shaped_reply_to_a_ping_is_read_as_a_ping_reply(sockdir: Path) ->
         assert chunk.actions.shape == (2, 3) and chunk.step == 1
         await client.close()
 
-    try:
+    with fake:
         run(main)
-    finally:
-        fake.close()
 
 
 @pytest.mark.parametrize(
@@ -680,10 +630,8 @@ def test_malformed_hello_reply_names_the_field(sockdir: Path, result: dict, need
         assert err.value.code == "bad_reply" and needle in err.value.message
         await client.close()
 
-    try:
+    with fake:
         run(main)
-    finally:
-        fake.close()
 
 
 @pytest.mark.parametrize(

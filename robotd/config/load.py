@@ -1,15 +1,17 @@
 """Reading a robot's config: the file (TOML), `--set` overrides, driver options checked by
 each driver's own model, and where a run's directory is.
 
-Every error names the file (or the --set that gave the value), the key path and the
-rule, e.g. ``config/x.toml: control.hz: must be > 0, got -5``, and every one found is
-reported at once. Unknown keys are errors, and values are not converted from another kind
+Every error names the file and its line (or the --set that gave the value), the key path
+and the rule, e.g. ``config/x.toml:12: control.hz: must be > 0, got -5``, and every one
+found is reported at once. Unknown keys are errors, and values are not converted from another kind
 (strict: a TOML bool is no number, a string no bool).
 """
 
 from __future__ import annotations
 
 import copy
+import dataclasses
+import functools
 import importlib.resources
 import math
 import os
@@ -22,6 +24,7 @@ from typing import Any
 
 from pydantic import BaseModel, ValidationError
 
+from robotd.config.lines import key_lines, line_of, with_lines
 from robotd.config.model import Config
 from robotd.config.overrides import (
     TOO_DEEP,
@@ -31,6 +34,7 @@ from robotd.config.overrides import (
     blame_keys,
     error_lines,
     non_finite,
+    set_source,
     too_deep,
 )
 from robotd.config.overrides import parse_value as _parse_value  # noqa: F401 (re-exported)
@@ -65,11 +69,26 @@ class Loaded:
     origins: Origins
     camera_options: Mapping[str, BaseModel]
     joint_options: BaseModel | None = None
+    text: str = ""  # the file's text, to place a key at its line ("": none to place)
 
     def blame(self, key: str) -> str:
         """How an error names `key`: the --set that gave it (or made its table), else the
-        file (`overrides.blame`, the rule load's own errors follow)."""
-        return blame(self.where, key, self.origins)
+        file and the key's line (`overrides.blame`, the rule load's own errors follow)."""
+        said = blame(self.where, key, self.origins)
+        if not self.text or set_source(key, self.origins) is not None:
+            return said
+        n = line_of(key, self._lines)
+        return said if n is None else f"{self.where}:{n}: {key}"
+
+    def blame_keys(self, keys: Sequence[str]) -> str:
+        """How an error about several keys names them (`overrides.blame_keys`), the first
+        placed at its line when the file gave it."""
+        said = blame_keys(self.where, keys, self.origins)
+        return self.blame(keys[0]) if said == blame(self.where, keys[0], self.origins) else said
+
+    @functools.cached_property
+    def _lines(self) -> dict[str, int]:
+        return key_lines(self.text)
 
 
 def load_config(
@@ -100,7 +119,11 @@ def load(path: str | os.PathLike[str] | None = None, overrides: Sequence[str] = 
         raise ConfigError(f"{where}: not valid TOML: {exc}") from None
     except RecursionError:  # the parser recurses once per nested array or inline table
         raise ConfigError(f"{where}: not valid TOML: {TOO_DEEP}") from None
-    return loaded_from_dict(raw, where=where, overrides=overrides)
+    try:
+        loaded = loaded_from_dict(raw, where=where, overrides=overrides)
+    except ConfigError as exc:
+        raise ConfigError(with_lines(str(exc), where, text)) from None
+    return dataclasses.replace(loaded, text=text)
 
 
 def config_from_dict(
