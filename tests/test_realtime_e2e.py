@@ -191,6 +191,20 @@ def _misplayed(ticks: list[dict[str, Any]]) -> tuple[int, list[tuple[int, float]
     return len(played), [(s, g) for s, g in played if round(g / 0.004) - 1 != s]
 
 
+def _longest_dry_run(ticks: list[dict[str, Any]]) -> int:
+    """The longest run of ticks after the first played row that held with a valid
+    observation (the queue had no row: the merge's own holds), skipped steps passed over."""
+    longest = run = 0
+    started = False
+    for r in ticks:
+        if r["skipped"]:
+            continue
+        started = started or not r["held"]
+        run = run + 1 if started and r["held"] and r["ok"] else 0
+        longest = max(longest, run)
+    return longest
+
+
 def _ticks(run_dir: Path) -> list[dict[str, Any]]:
     """The /robot/tick records of the one episode a run recorded."""
     (path,) = sorted((run_dir / "traces").glob("*/episode-*.mcap"))
@@ -218,8 +232,13 @@ def test_blending_merges_run_end_to_end_through_the_local_worker(workdir: Path, 
     )
     assert summary["chunks"] >= 5 and summary["rows_dropped"] > 0, summary
     assert summary["state"] == "RUNNING" and summary["act_failures"] == 0, summary
-    # after the first chunk the queue never ran dry: refill 8 covers 150 ms (5 steps)
-    assert summary["max_consecutive_holds"] <= summary["ask_latency"]["steps"]["p99"] + 1, summary
+    # after the first chunk the queue runs dry only when an act takes longer than refill 8
+    # covers (150 ms is 5 steps; a loaded machine makes some later): the first chunk's wait,
+    # and holds of an invalid observation (a camera frame late on a loaded machine), are not
+    # the merge's
+    slowest = summary["ask_latency"]["steps"]["p99"]  # nearest rank: the slowest of < 100
+    dry = _longest_dry_run(_ticks(workdir / merge))
+    assert dry <= max(0, slowest - 8) + 1, (dry, summary)
     assert summary["tracking_error"]["mean"] < 0.2, summary
     # the stop is logged with the run's numbers, and a clean stop warns of nothing
     log = summary["log_tail"]
