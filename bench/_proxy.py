@@ -4,6 +4,7 @@ limits its bandwidth (one shaper per direction, shared by every connection throu
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import threading
 
 from bench._common import BenchError
@@ -28,6 +29,7 @@ class Proxy:
         self.up = _Shaper(delay_s, mbit * 1e6 / 8)
         self.down = _Shaper(delay_s, mbit * 1e6 / 8)
         self.ports: list[int] = []
+        self.servers: list[asyncio.Server] = []
         self.loop = asyncio.new_event_loop()
         ready = threading.Event()
         self.thread = threading.Thread(target=self._run, args=(ready,), daemon=True)
@@ -43,6 +45,7 @@ class Proxy:
                 server = await asyncio.start_server(
                     lambda r, w, h=host, p=port: self._connect(r, w, h, p), "127.0.0.1", 0
                 )
+                self.servers.append(server)
                 self.ports.append(server.sockets[0].getsockname()[1])
             ready.set()
 
@@ -83,5 +86,22 @@ class Proxy:
             await task
 
     def close(self) -> None:
+        """Stops listening, cancels every connection's tasks (a loop stopped with them
+        pending warns 'Task was destroyed but it is pending' when it is collected) and ends
+        the loop and its thread."""
+
+        async def shutdown() -> None:
+            for server in self.servers:
+                server.close()
+            tasks = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+
+        done = asyncio.run_coroutine_threadsafe(shutdown(), self.loop)
+        with contextlib.suppress(Exception):  # a loop that cannot shut down still stops
+            done.result(5)
         self.loop.call_soon_threadsafe(self.loop.stop)
         self.thread.join(5)
+        if not self.thread.is_alive():
+            self.loop.close()
