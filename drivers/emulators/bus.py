@@ -84,6 +84,9 @@ class Emulator:
         return self
 
     def stop(self) -> None:
+        """Stop serving and close the pty (the driver's end then gets EIO); once only."""
+        if self._stop.is_set():
+            return
         self._stop.set()
         os.write(self._wake_w, b"x")
         if self._thread is not None:

@@ -4,7 +4,9 @@ E-stops are taken first at every tick and, between ticks, at once: the loop's sl
 watches the socket (`EstopDesk.sleep` is the ticker's sleep), so an e-stop arriving
 mid-period latches and has a safe command written within about a millisecond, not at the
 next deadline. Each is acknowledged once its safe command is written (`Reply.written_ns`);
-anything else is refused with a reply saying so, and counted.
+when the driver could not write it (the bus gone, a servo not answering) the answer says
+so instead (ok false, code NOT_WRITTEN: latched, but the robot may not be stopped; the
+lane tries again every tick). Anything else is refused with a reply saying so, and counted.
 """
 
 from __future__ import annotations
@@ -13,11 +15,12 @@ import contextlib
 import time
 from collections.abc import Callable
 
+import msgspec
 import zmq
 
 from robotd.control.kernel import Kernel
 from robotd.lane import codec
-from robotd.lane.messages import Event, Reply
+from robotd.lane.messages import NOT_WRITTEN, Event, Reply, Status
 
 MAX_PER_CALL = 8
 
@@ -26,8 +29,9 @@ class EstopDesk:
     """Serves lane.sock for one control lane.
 
     `safe_now()` writes a safe command at once (torque off, or the last approved target)
-    and returns when it was done; `bad(name, error)` counts and reports a refused message;
-    `flush()` sends what the kernel emitted (called after an e-stop between ticks).
+    and returns when it was done; `failed()` the error of that write, None when it went
+    out; `bad(name, error)` counts and reports a refused message; `flush()` sends what the
+    kernel emitted (called after an e-stop between ticks).
     """
 
     def __init__(
@@ -36,12 +40,14 @@ class EstopDesk:
         kernel: Kernel,
         *,
         safe_now: Callable[[], int],
+        failed: Callable[[], str | None],
         bad: Callable[[str, str], None],
         flush: Callable[[], None],
     ) -> None:
         self.sock = sock
         self.kernel = kernel
         self.safe_now = safe_now
+        self.failed = failed
         self.bad = bad
         self.flush = flush
         self.pending: list[tuple[bytes, int | None]] = []  # latched, not yet acknowledged
@@ -75,10 +81,10 @@ class EstopDesk:
         self.pending.append((ident, msg.id))
 
     def ack(self, written_ns: int) -> None:
-        """Acknowledge the latched e-stops, their safe command written at `written_ns`."""
-        status = self.kernel.status()
+        """Answer the latched e-stops: written at `written_ns`, or not (`failed()`)."""
+        reply = written_reply(None, self.kernel.status(), written_ns, self.failed())
         for ident, rid in self.pending:
-            self._answer(ident, Reply(rid, True, status, written_ns=written_ns))
+            self._answer(ident, msgspec.structs.replace(reply, id=rid))
         self.pending.clear()
 
     def _answer(self, ident: bytes, reply: Reply) -> None:
@@ -102,3 +108,14 @@ class EstopDesk:
                 if self.pending:
                     self.ack(self.safe_now())
                     self.flush()
+
+
+def written_reply(rid: int | None, status: Status, written_ns: int, failed: str | None) -> Reply:
+    """The answer to an e-stop once its tick wrote (or tried to write) the safe command."""
+    if failed is None:
+        return Reply(rid, True, status, written_ns=written_ns)
+    said = (
+        f"the e-stop is latched but its safe command was not written ({failed}): the robot "
+        "may NOT be stopped; the control lane tries again every tick"
+    )
+    return Reply(rid, False, status, code=NOT_WRITTEN, message=said)

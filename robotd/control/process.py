@@ -32,7 +32,7 @@ from drivers.base import DriverContext, DriverFault, JointDriver, build_joints
 from robotd.config import Config
 from robotd.config.sections import CAMERA_DRIVERS
 from robotd.control.episode import CommandRefused
-from robotd.control.estop import EstopDesk
+from robotd.control.estop import EstopDesk, written_reply
 from robotd.control.histogram import LatencyHistogram
 from robotd.control.kernel import Kernel
 from robotd.control.playback import Chunk
@@ -114,6 +114,7 @@ class ControlLane:
             self.ports.estop,
             self.kernel,
             safe_now=self.io.safe_now,
+            failed=lambda: self.io.failed,
             bad=self._bad,
             flush=self.flush,
         )
@@ -129,6 +130,7 @@ class ControlLane:
         self.spec = spec
         self.orphaned = threading.Event()  # set when the main process is gone (PDEATHSIG)
         self._orphan_since: int | None = None
+        self._estops_to_answer: list[int | None] = []  # main's e-stops, answered once written
         self.died = False
         self.io.start()
 
@@ -165,7 +167,10 @@ class ControlLane:
         elif isinstance(msg, Command):
             try:
                 status = k.command(msg.cmd, msg.reason, msg.task, msg.sent_ns)
-                self.outbox.append(Reply(msg.id, True, status))
+                if msg.cmd == "estop":  # answered after this tick's write: written or not
+                    self._estops_to_answer.append(msg.id)
+                else:
+                    self.outbox.append(Reply(msg.id, True, status))
             except CommandRefused as exc:
                 self.outbox.append(Reply(msg.id, False, k.status(), exc.code, str(exc)))
         elif isinstance(msg, ActFailed):
@@ -247,6 +252,10 @@ class ControlLane:
         self.io.run(tick.woke_ns, tick.skipped)
         if self.estops.pending:
             self.estops.ack(self.io.done_ns)
+        for rid in self._estops_to_answer:
+            status = self.kernel.status()
+            self.outbox.append(written_reply(rid, status, self.io.done_ns, self.io.failed))
+        self._estops_to_answer.clear()
         if self._first:
             self.outbox.append(Ready(os.getpid(), self.warnings))
             self._first = False

@@ -29,7 +29,9 @@ class TickIO:
     rings' index; the virtual rig its own captures). `on_error(op, exc)` hears every failed
     driver operation ("read", "ground_truth", "torque", "write") and kernel error ("kernel").
     `written` is the target written by the last tick (None when nothing was); `done_ns`
-    when its writes (torque and target) were done, on the kernel's clock.
+    when its writes (torque and target) were done or tried, on the kernel's clock; `failed`
+    the error of the one that raised ("torque: OSError: ..."), None when every write the
+    tick owed went out: an e-stop is acknowledged as written only then.
     """
 
     def __init__(
@@ -49,6 +51,7 @@ class TickIO:
         self.has_truth = False
         self.written: np.ndarray | None = None
         self.done_ns = 0
+        self.failed: str | None = None
 
     def start(self) -> None:
         """Before the first tick: hold where the joints are (the driver anchors its target
@@ -59,15 +62,20 @@ class TickIO:
 
     def safe_now(self) -> int:
         """Between ticks (an e-stop that cannot wait for the next one): switch torque if the
-        kernel changed it, else write the last approved target again; returns when done."""
+        kernel changed it, else write the last approved target again; returns when done
+        (or tried: `failed` says which)."""
         kernel, driver = self.kernel, self.driver
+        self.failed = None
+        op = "torque"
         try:
             if kernel.torque_on != self.torque:
                 driver.torque(kernel.torque_on)
                 self.torque = kernel.torque_on
             elif kernel.torque_on and kernel.shield.last is not None:
+                op = "write"
                 driver.write(kernel.shield.last)
         except Exception as exc:
+            self.failed = _said(op, exc)
             self.on_error("estop", exc)
         self.done_ns = self.clock()
         return self.done_ns
@@ -93,11 +101,13 @@ class TickIO:
         except Exception as exc:  # a kernel bug: hold the last approved target, say so
             target = kernel.shield.last if kernel.torque_on else None
             self.on_error("kernel", exc)
+        self.failed = None
         if kernel.torque_on != self.torque:
             try:
                 driver.torque(kernel.torque_on)
                 self.torque = kernel.torque_on
             except Exception as exc:
+                self.failed = _said("torque", exc)
                 self.on_error("torque", exc)
         self.written = None
         if target is not None:
@@ -105,6 +115,12 @@ class TickIO:
                 driver.write(target)
                 self.written = target
             except Exception as exc:
+                self.failed = self.failed or _said("write", exc)
                 self.on_error("write", exc)
         self.done_ns = self.clock()
         return self.written
+
+
+def _said(op: str, exc: BaseException) -> str:
+    """A failed write in one bounded line: 'torque: OSError: [Errno 5] ...'."""
+    return f"{op}: {type(exc).__name__}: {exc}"[:300]

@@ -316,9 +316,15 @@ class Stats(_Msg, tag="stats"):
         }
 
 
+# Reply.code of an e-stop that latched but whose safe command the driver failed to write
+NOT_WRITTEN = "not_written"
+
+
 class Reply(_Msg, tag="reply"):
     """The answer to the `Command` or `Estop` of id `id`. An e-stop is answered once the
-    tick that applied it has written its safe command: `written_ns` says when (monotonic)."""
+    tick that applied it has written its safe command: `written_ns` says when (monotonic);
+    ok false with code NOT_WRITTEN when the write failed (the e-stop is latched all the
+    same, the robot maybe not stopped)."""
 
     id: int | None
     ok: bool

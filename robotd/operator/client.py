@@ -176,7 +176,7 @@ def estop_via_lane(control_endpoint: str, reason: str, timeout_s: float) -> dict
     acknowledged; Unreachable when no acknowledgement came within `timeout_s` (then
     nothing is claimed: the robot may not be stopped)."""
     from robotd.lane import codec
-    from robotd.lane.messages import Estop, Reply
+    from robotd.lane.messages import NOT_WRITTEN, Estop, Reply
 
     control = ipc_path(control_endpoint)
     if control is None:
@@ -197,6 +197,8 @@ def estop_via_lane(control_endpoint: str, reason: str, timeout_s: float) -> dict
             except codec.LaneError:
                 continue
             if isinstance(reply, Reply) and reply.id == rid:
+                if not reply.ok and reply.code == NOT_WRITTEN:  # latched, the write failed
+                    raise Unreachable(f"via lane.sock: {reply.message}")
                 if not reply.ok:
                     raise Unreachable(f"the control lane refused the e-stop: {reply.message}")
                 got = {**_status_dict(reply.status), "via": "lane.sock"}

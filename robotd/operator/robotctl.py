@@ -27,6 +27,7 @@ from typing import Any, NoReturn
 from urllib.parse import urlsplit
 
 from robotd.errors import ConfigError
+from robotd.lane.messages import NOT_WRITTEN
 from robotd.operator import humane
 from robotd.operator.client import (
     DEFAULT_TIMEOUT_S,
@@ -245,8 +246,10 @@ def _estop_command(target: Target, args: argparse.Namespace, out: Output) -> int
     status, what = estop(target, args.reason, args.timeout)
     if status == "ok":
         return out.result("estop", what)
-    if status == "error":
+    if status == "error" and what[0] != NOT_WRITTEN:
         return out.error("estop", what[0], what[1], EXIT_ERROR)
+    if status == "error":  # latched, not written: as unconfirmed as no answer at all
+        return out.error("estop", what[0], what[1], EXIT_UNREACHABLE)
     return out.error("estop", "unreachable", what, EXIT_UNREACHABLE)
 
 
