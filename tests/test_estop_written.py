@@ -96,3 +96,48 @@ def test_an_estop_between_ticks_the_driver_cannot_write_is_not_acknowledged(rig)
     reply = _estop_reply(rig)
     t.join(10)
     assert not reply.ok and reply.code == NOT_WRITTEN and reply.id == 9
+
+
+def _tick_until_stopped(rig: LaneRig, most: int) -> int:
+    """Ticks until the lane sets its stop (at most `most`); how many it took."""
+    for n in range(1, most + 1):
+        rig.tick()
+        if rig.lane.stop.is_set():
+            return n
+    raise AssertionError(f"the lane did not stop within {most} ticks")
+
+
+def test_an_orphaned_lane_whose_bus_is_gone_estops_once_then_exits_saying_so(rig, caplog):
+    """The main process gone and the bus with it: the lane holds orphan_s, e-stops (once,
+    not every tick), tries the torque-off every tick for ORPHAN_WRITE_S, then exits
+    saying it could not write it, instead of holding lane.sock and the port forever."""
+    from robotd.control.process import ORPHAN_WRITE_S
+
+    _dead_bus(rig)
+    rig.lane.orphaned.set()
+    hz, orphan_s = rig.cfg.control.hz, rig.cfg.control.orphan_s
+    with caplog.at_level("CRITICAL", logger="robotd.control"):
+        took = _tick_until_stopped(rig, round((orphan_s + ORPHAN_WRITE_S + 2) * hz))
+    assert took >= (orphan_s + ORPHAN_WRITE_S) * hz
+    assert "torque off could not be written" in caplog.text and "OSError" in caplog.text
+    fault = rig.lane.kernel.status().fault
+    assert fault is not None and fault.later <= 1  # the e-stop latched once, not per tick
+    assert not rig.lane.kernel.torque_on and rig.lane.io.torque  # wanted off, never written
+
+
+def test_an_orphaned_lane_exits_once_torque_off_is_written(rig) -> None:
+    rig.lane.orphaned.set()
+    hz, orphan_s = rig.cfg.control.hz, rig.cfg.control.orphan_s
+    took = _tick_until_stopped(rig, round((orphan_s + 3) * hz))
+    assert not rig.lane.io.torque and took < (orphan_s + 3) * hz
+
+
+def test_a_category_1_stop_turns_torque_off_on_time_while_every_read_fails(rig) -> None:
+    if rig.cfg.safety.estop_category != 1:
+        pytest.skip("category 1 only: 0 turns torque off at the e-stop itself")
+    rig.lane.driver.read = _eio  # type: ignore[method-assign]
+    rig.send(Command(3, "estop", reason="reads failing"))
+    wait_in_socket(rig.lane.ports.down)
+    for _ in range(rig.lane.kernel.latch.stop_ticks + 2):
+        rig.tick()
+    assert not rig.lane.kernel.torque_on and not rig.lane.io.torque

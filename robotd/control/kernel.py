@@ -196,6 +196,9 @@ class Kernel:
         self.counters.ticks += 1
         self._now_ns = now_ns
         self._skip += skipped
+        # before the read's outcome: a category-1 e-stop's torque-off comes on time even
+        # when every read fails (a bus gone), never held back by the failures
+        self.latch.tick(self.counters.ticks)
         if joints is None:
             self._skip += 1  # a tick without a read is a step nothing was read at
             return self._driver_trouble()
@@ -206,7 +209,6 @@ class Kernel:
         self.latch.cause_gone("driver")
         if self.machine.state is State.ENDED:
             self.machine.begin_reset()
-        self.latch.tick(self.counters.ticks)
         if self.machine.state is not State.RUNNING:
             self._skip = 0
             return self._held(None)

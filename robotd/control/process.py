@@ -65,6 +65,8 @@ from robotd.shm import FrameRing, unlink_prefix
 log = logging.getLogger("robotd.control")
 
 MAX_INBOUND_PER_TICK = 32
+# An orphaned lane's torque-off that does not get written: tried every tick this long
+ORPHAN_WRITE_S = 10.0
 
 
 def open_joint_driver(cfg: Config, context: DriverContext) -> JointDriver:
@@ -130,6 +132,7 @@ class ControlLane:
         self.spec = spec
         self.orphaned = threading.Event()  # set when the main process is gone (PDEATHSIG)
         self._orphan_since: int | None = None
+        self._orphan_estopped = False
         self._estops_to_answer: list[int | None] = []  # main's e-stops, answered once written
         self.died = False
         self.io.start()
@@ -265,21 +268,34 @@ class ControlLane:
 
     def _orphan(self, now_ns: int) -> None:
         """The main process is gone: hold in FAULT for control.orphan_s, then apply the e-stop
-        category and, once torque is off, stop (close() then cleans up what main left)."""
-        k = self.kernel
+        category once and, once torque off is written, stop (close() then cleans up what
+        main left). A torque-off the driver cannot write (the bus gone with main) is tried
+        every tick for ORPHAN_WRITE_S more, then the lane exits all the same, saying so:
+        nothing is left for it to do, and it would hold the port and lane.sock forever."""
+        k, orphan_s = self.kernel, self.cfg.control.orphan_s
         if self._orphan_since is None:
             self._orphan_since = now_ns
             k.fault("main_gone", "the main process is gone: holding, then the e-stop")
-            log.error(
-                "the main process is gone: holding %g s, then the e-stop", self.cfg.control.orphan_s
-            )
+            log.error("the main process is gone: holding %g s, then the e-stop", orphan_s)
             return
-        if now_ns - self._orphan_since < self.cfg.control.orphan_s * 1e9:
+        gone_s = (now_ns - self._orphan_since) / 1e9
+        if gone_s < orphan_s or self.stop.is_set():
             return
-        if k.torque_on:
-            k.command("estop", f"the main process has been gone {self.cfg.control.orphan_s:g} s")
-        elif not self.stop.is_set():
+        if not self._orphan_estopped:
+            self._orphan_estopped = True
+            k.command("estop", f"the main process has been gone {orphan_s:g} s")
+            return
+        if not k.torque_on and not self.io.torque:  # torque off, and written
             log.error("the e-stop is applied (torque off): the control lane exits")
+            self.stop.set()
+        elif gone_s >= orphan_s + ORPHAN_WRITE_S:
+            log.critical(
+                "torque off could not be written for %g s (%s): the control lane exits "
+                "anyway; the servos keep their last command unless their own watchdog stops "
+                "them: check the robot",
+                ORPHAN_WRITE_S,
+                self.io.failed or "the driver did not confirm it",
+            )
             self.stop.set()
 
     def run(self) -> None:
