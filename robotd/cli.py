@@ -268,8 +268,15 @@ def _emulate(args: argparse.Namespace, cfg: Config) -> tuple[Config, Callable[[]
     except (ConfigError, RuntimeError) as exc:
         if stop is not None:
             stop()
-        print(f"robotd: {exc}", file=sys.stderr)
+        _say(exc)
         return None
+
+
+def _say(exc: BaseException) -> None:
+    """An error of one or more lines (a config's problems, each its own), every line led by
+    `robotd: ` as the first: a grep or a journal filter for robotd finds them all."""
+    for line in str(exc).splitlines() or [""]:
+        print(f"robotd: {line}", file=sys.stderr)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -298,7 +305,7 @@ def _main(argv: list[str] | None = None) -> int:
     try:
         loaded = _load_checked(args)
     except ConfigError as exc:
-        print(f"robotd: {exc}", file=sys.stderr)
+        _say(exc)
         return 2
     if args.command == "check":
         from robotd.check import check

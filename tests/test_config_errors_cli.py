@@ -124,3 +124,11 @@ def test_a_policy_module_that_raises_on_import_is_one_line(tmp_path, monkeypatch
     text = str(err.value)
     assert text.startswith(f"policy.serve '{name}:P': importing module {name} raised {said}")
     assert "\n" not in text and err.value.__cause__ is None
+
+
+def test_every_line_of_a_config_with_several_problems_is_led_by_robotd(tmp_path):
+    text = SIM.replace("hz = 30", 'hz = "fast"').replace("spin_us = 200", "spin = 3")
+    code, err = check(write(tmp_path, text))
+    lines = err.splitlines()
+    assert code == 2 and len(lines) == 2, err
+    assert all(line.startswith("robotd: ") for line in lines), err
