@@ -3,7 +3,9 @@
 The servo bus emulator (drivers.emulators) is started on a pty with the config's servo IDs
 and baud rate; the config is pointed at it (`joints.options.port`) and at a calibration of
 the emulated arm (its shafts start mid-range: 0 rad, grippers half open), written in a
-temporary directory; OpenCV cameras fall back to a test pattern when no device exists.
+temporary directory named by the daemon's pid (one a killed daemon left is removed by the
+next `--emulate` start, as the shared memory of dead pids is); OpenCV cameras fall back to
+a test pattern when no device exists.
 The emulator is a program sharing the machine's CPUs, not a servo answering in hardware:
 unless the config sets them, a tick's reads wait EMULATED_TIMEOUT_MS for each reply
 (`timeout_ms`) and up to BUDGET_SHARE of the tick in all (`budget_ms`), so that a busy
@@ -15,7 +17,10 @@ from __future__ import annotations
 
 import json
 import math
+import os
+import re
 import shutil
+import stat
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
@@ -51,6 +56,30 @@ def emulated_calibration(cfg: Config) -> Calibration:
     return Calibration(protocol=cfg.joints.driver, joints=joints, source="robotd run --emulate")
 
 
+TMP_PREFIX = "robotd-emulate-"
+_TMP_NAME = re.compile(re.escape(TMP_PREFIX) + r"(\d+)-\w+")
+
+
+def remove_stale_emulations(root: Path | None = None) -> list[Path]:
+    """Remove the temporary directories of `--emulate` runs whose daemon is dead (killed,
+    it could not remove its own): only directories this user owns, named by a pid that
+    no longer runs. The ones removed."""
+    root = Path(tempfile.gettempdir()) if root is None else root
+    gone = []
+    for path in root.glob(f"{TMP_PREFIX}*"):
+        match = _TMP_NAME.fullmatch(path.name)
+        if match is None or Path(f"/proc/{match.group(1)}").exists():
+            continue
+        try:
+            st = path.lstat()
+        except OSError:
+            continue
+        if stat.S_ISDIR(st.st_mode) and st.st_uid == os.geteuid():
+            shutil.rmtree(path, ignore_errors=True)
+            gone.append(path)
+    return gone
+
+
 def start_emulation(cfg: Config) -> tuple[list[str], Callable[[], None]]:
     """Start the emulator for `cfg`'s arm: the `--set` overrides that point the config at
     it, and the callback that stops it (and removes its calibration). ConfigError when the
@@ -65,7 +94,8 @@ def start_emulation(cfg: Config) -> tuple[list[str], Callable[[], None]]:
     ids = opts.get("ids")
     if not isinstance(ids, list) or len(ids) != len(cfg.joints.names):
         raise ConfigError("--emulate: joints.options.ids: one servo ID per joint")
-    tmp = Path(tempfile.mkdtemp(prefix="robotd-emulate-"))
+    remove_stale_emulations()
+    tmp = Path(tempfile.mkdtemp(prefix=f"{TMP_PREFIX}{os.getpid()}-"))
     try:
         calibration = tmp / "calibration.json"
         save_calibration(emulated_calibration(cfg), calibration)
