@@ -55,12 +55,17 @@ class Proxy:
     async def _connect(
         self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, host: str, port: int
     ) -> None:
-        r2, w2 = await asyncio.open_connection(host, port)
-        await asyncio.gather(
-            self._pipe(reader, w2, self.up),
-            self._pipe(r2, writer, self.down),
-            return_exceptions=True,
-        )
+        try:
+            r2, w2 = await asyncio.open_connection(host, port)
+            await asyncio.gather(
+                self._pipe(reader, w2, self.up),
+                self._pipe(r2, writer, self.down),
+                return_exceptions=True,
+            )
+        except asyncio.CancelledError:
+            # close() cancels every connection; ended here, not raised: asyncio's server
+            # callback (3.11) logs a cancelled handler's CancelledError as an error
+            writer.close()
 
     async def _pipe(
         self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, shaper: _Shaper
