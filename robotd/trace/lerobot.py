@@ -28,7 +28,7 @@ from typing import Any
 import numpy as np
 
 from robotd.trace.episode_data import EpisodeData, camera_frames
-from robotd.trace.video import frames_at_ticks, write_video
+from robotd.trace.video import VideoError, frames_at_ticks, write_video
 
 CODEBASE_VERSION = "v3.0"
 CHUNKS_SIZE = 1000
@@ -249,10 +249,13 @@ class DatasetWriter:
 
         info = write_video(path, sampled(), self.fps, self.codec)
         shape = (info.width, info.height, info.codec)
-        if self.video_shapes.setdefault(key, shape) != shape:
-            raise ValueError(
+        kept = self.video_shapes.setdefault(key, shape)
+        if kept != shape:
+            # export_lerobot compares the sizes before encoding (ExportError); this guards
+            # a writer used on its own. The stored size is the earlier episodes'.
+            raise VideoError(
                 f"{ep.path}: camera {cam} is {info.width}x{info.height}, "
-                f"other episodes' are {shape[0]}x{shape[1]}"
+                f"the dataset's earlier episodes' are {kept[0]}x{kept[1]}"
             )
         self.samples[cam].extend(mine)
         _thin(self.samples[cam])

@@ -43,24 +43,60 @@ def _scan_episode(path: Path) -> dict[str, Any]:
             "duration_s": round(span, 6), "note": reader.status.message}
 
 
+def _why(stopped: dict[str, Any]) -> str:
+    return "disk full" if stopped.get("disk_full") else f"write error ({stopped.get('error')})"
+
+
+def _stopped_note(stopped: Any) -> str:
+    """The words for an episode file a write error closed (its sidecar's
+    ``recording_stopped``): why, and how much of the episode the file holds."""
+    if not isinstance(stopped, dict):
+        return ""
+    return (f"recording stopped: {_why(stopped)}: the file holds {stopped.get('recorded_ticks')}"
+            f" ticks ({stopped.get('recorded_s')} s), {stopped.get('lost_ticks')} lost")
+
+
 def episode_info(path: Path, recording: bool) -> dict[str, Any]:
     side = read_json(path.with_suffix(".json"))
     if side is not None and side.get("ended"):
-        return {**side, "file": path.name}
+        note = _stopped_note(side.get("recording_stopped"))
+        return {**side, "file": path.name, **({"note": note} if note else {})}
     if recording:
         return {**(side or {}), "file": path.name, "outcome": "(recording)"}
-    return _scan_episode(path)
+    scanned = _scan_episode(path)
+    stopped = (side or {}).get("recording_stopped")
+    if note := _stopped_note(stopped):  # closed by a write error, then the daemon died
+        scanned |= {"recording_stopped": stopped, "note": note}
+    return scanned
 
 
 def run_summary(run: RunEntry) -> dict[str, Any]:
     live = in_use(run.path)
     info = run.info
+    episodes = [episode_info(p, live) for p in episode_files(run.path)]
+    stopped = info.get("recording_stopped")
+    if not isinstance(stopped, list):  # run.json never updated: the episodes may know
+        stopped = [{"file": e.get("file"), **e["recording_stopped"]} for e in episodes
+                   if isinstance(e.get("recording_stopped"), dict)]
     return {
         "run": run.name, "path": str(run.path), "started": info.get("started"),
         "ended": info.get("ended"), "host": info.get("host"), "robotd": info.get("robotd"),
-        "in_use": live, "bytes": tree_bytes(run.path),
-        "episodes": [episode_info(p, live) for p in episode_files(run.path)],
+        "in_use": live, "bytes": tree_bytes(run.path), "episodes": episodes,
+        "recording_stopped": [s for s in stopped if isinstance(s, dict)],
     }
+
+
+def _state(r: dict[str, Any]) -> str:
+    """In use, ended (when), or did not close; and whether a write error stopped files."""
+    if r["in_use"]:
+        state = "in use"
+    else:
+        state = "ended " + str(r["ended"]) if r["ended"] else "did not close"
+    if stopped := r.get("recording_stopped"):
+        why = sorted({_why(s) for s in stopped})
+        files = ", ".join(str(s.get("file")) for s in stopped)
+        state += f"; recording stopped: {' / '.join(why)} ({files})"
+    return state
 
 
 def _verdict(v: Any) -> str:
@@ -78,8 +114,7 @@ def _mib(n: int) -> str:
 
 def _print(runs: list[dict[str, Any]]) -> None:
     for r in runs:
-        state = "in use" if r["in_use"] else ("ended " + str(r["ended"]) if r["ended"]
-                                             else "did not close")
+        state = _state(r)
         print(f"{r['run']}  {r['host']!s}  started {r['started']!s}  {_mib(r['bytes'])}  {state}")
         for e in r["episodes"]:
             ticks, dur = e.get("ticks", "?"), e.get("duration_s", "?")

@@ -50,22 +50,30 @@ class McapFile:
         self.path = path
         self._file: BinaryIO = os.fdopen(fd, "wb", buffering=1 << 16)
         self._fsync = fsync
-        # the chunk limit only guards memory: our own flushes end chunks first
-        self._mcap = Writer(
-            self._file,
-            chunk_size=chunk_bytes,
-            compression=COMPRESSION[compression],
-            enable_crcs=True,
-        )
-        self._mcap.start(profile=PROFILE, library=f"robotd {robotd_version()}")
         self._schemas: dict[str, int] = {}
         self._channels: dict[str, int] = {}
         self._sequence: dict[int, int] = {}
         self.unflushed = 0  # message bytes since the last flush
         self.messages = 0
         self.bytes = 0
-        self._mcap.add_metadata(META_EPISODE, _strings(metadata))
-        self.flush()
+        try:
+            # the chunk limit only guards memory: our own flushes end chunks first
+            self._mcap = Writer(
+                self._file,
+                chunk_size=chunk_bytes,
+                compression=COMPRESSION[compression],
+                enable_crcs=True,
+            )
+            self._mcap.start(profile=PROFILE, library=f"robotd {robotd_version()}")
+            self._mcap.add_metadata(META_EPISODE, _strings(metadata))
+            self.flush()
+        except BaseException:
+            # a file that could not even be started (a full disk) is not left behind: the
+            # next attempt takes the same name, not a -N one beside a stub
+            self.abandon()
+            with contextlib.suppress(OSError):
+                os.unlink(path)
+            raise
 
     def _channel(self, spec: ChannelSpec) -> int:
         cid = self._channels.get(spec.topic)

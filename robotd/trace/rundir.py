@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import datetime as dt
+import errno
 import fcntl
 import json
 import os
@@ -25,6 +26,11 @@ from typing import Any
 RUN_JSON = "run.json"
 LOCK = ".lock"
 SESSION = "session.mcap"
+# a few blocks set aside at the run's start and given up when a full disk refuses a
+# sidecar or run.json, so that an episode's end and the run's still get written
+RESERVE = ".reserve"
+RESERVE_BYTES = 64 << 10
+DISK_FULL = (errno.ENOSPC, errno.EDQUOT)
 _RUN_NAME = re.compile(r"^\d{8}T\d{6}\.\d{6}Z-\d+(-\d+)?$")
 _EPISODE_NAME = re.compile(r"^episode-(\d{6,})(-\d+)?\.mcap$")
 MAX_JSON_BYTES = 16 << 20  # a run.json or sidecar larger than this is not ours
@@ -57,13 +63,54 @@ def is_episode_file(name: str) -> bool:
 
 
 def write_json_atomic(path: Path, data: dict[str, Any]) -> None:
-    """Write JSON beside `path` and rename it into place: a reader sees all or nothing."""
+    """Write JSON beside `path` and rename it into place: a reader sees all or nothing.
+
+    A failed write leaves no temporary behind. When the disk is full and the run directory
+    holds its `RESERVE`, the reserve is given up and the write tried once more."""
+    try:
+        _write_json(path, data)
+    except OSError as exc:
+        reserve = path.parent / RESERVE
+        if exc.errno not in DISK_FULL or not reserve.is_file():
+            raise
+        reserve.unlink(missing_ok=True)
+        _write_json(path, data)
+
+
+def _write_json(path: Path, data: dict[str, Any]) -> None:
     tmp = path.with_name(f".{path.name}.tmp")
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC, 0o640)
-    with os.fdopen(fd, "w") as f:
-        json.dump(data, f, indent=2, default=str)
-        f.write("\n")
-    os.replace(tmp, path)
+    try:
+        with os.fdopen(fd, "w") as f:
+            json.dump(data, f, indent=2, default=str)
+            f.write("\n")
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):  # never a .tmp left behind (a full disk's, say)
+            os.unlink(tmp)
+        raise
+
+
+def make_reserve(run_dir: Path) -> bool:
+    """Set `RESERVE_BYTES` aside in `run_dir` (best effort: False when there is no room)."""
+    path = run_dir / RESERVE
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o640)
+    except OSError:
+        return False
+    try:
+        os.posix_fallocate(fd, 0, RESERVE_BYTES)
+        return True
+    except OSError:
+        with contextlib.suppress(OSError):
+            os.unlink(path)
+        return False
+    finally:
+        os.close(fd)
+
+
+def is_disk_full(exc: BaseException) -> bool:
+    return isinstance(exc, OSError) and exc.errno in DISK_FULL
 
 
 def read_json(path: Path) -> dict[str, Any] | None:
@@ -183,10 +230,14 @@ def episode_files(run_dir: Path) -> list[Path]:
 
 
 def tree_bytes(path: Path) -> int:
-    """The bytes of the files under `path` (their sizes), symlinks not followed."""
+    """The bytes of the files under `path` (their sizes), symlinks not followed. A live
+    run's `RESERVE` is not counted: it is room held for the run's own ends, not recording,
+    and gone when the run closes (counted, the budget would delete recordings for it)."""
     total = 0
     for dirpath, _dirs, files in os.walk(path):
         for name in files:
+            if name == RESERVE:
+                continue
             with contextlib.suppress(OSError):
                 total += os.lstat(os.path.join(dirpath, name)).st_size
     return total

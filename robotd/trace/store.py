@@ -26,8 +26,10 @@ import numpy as np
 
 from robotd.trace.outbox import Outbox
 from robotd.trace.rundir import (
+    RESERVE,
     RUN_JSON,
     RunLock,
+    make_reserve,
     make_run_dir,
     read_json,
     run_info,
@@ -151,6 +153,7 @@ class TraceStore:
             self.run_dir = make_run_dir(Path(root_dir), started)
             self._lock = RunLock(self.run_dir)
             write_json_atomic(self.run_dir / RUN_JSON, run_info(config_snapshot, started))
+            make_reserve(self.run_dir)  # room for the ends should the disk fill up
             log.info("trace: recording to %s", self.run_dir)
         meta = (("hz", _hz(config_snapshot)), ("tick_every", tick_every),
                 ("joints", _joint_names(config_snapshot)))
@@ -232,10 +235,13 @@ class TraceStore:
             s = self.stats()
             info.update(ended=dt.datetime.now(dt.UTC).isoformat(),
                         stats={k: getattr(s, k) for k in TraceStats.__dataclass_fields__})
+            if self._thread.stopped:  # files a write error closed: trace ls says so
+                info["recording_stopped"] = list(self._thread.stopped)
             try:
                 write_json_atomic(self.run_dir / RUN_JSON, info)
             except OSError as exc:
                 log.error("trace: cannot update %s: %s", RUN_JSON, exc)
+            (self.run_dir / RESERVE).unlink(missing_ok=True)  # a finished run needs none
         if self._lock is not None:
             self._lock.release()
 

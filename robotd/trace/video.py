@@ -1,13 +1,18 @@
 """Frames at the control rate, encoded as MP4 with OpenCV's VideoWriter.
 
 Codecs: ``mp4v`` (MPEG-4 Part 2, yuv420p; the default: fast, and every FFmpeg-based
-decoder reads it, LeRobot's included) or ``vp9`` (smaller files, much slower to encode).
+decoder reads it, LeRobot's included) or ``vp9`` (VP9 at constant quality, CRF
+`VP9_CRF`: about a third of mp4v's bytes at about its fidelity, but six to eight times
+the export's time; measured in docs/trace.md). Without a CRF, OpenCV's VP9 runs at libvpx's
+default bitrate, which made files larger than mp4v's: the CRF is what makes vp9 worth
+choosing, so an OpenCV that cannot set it is warned about.
 Each output frame is the newest camera frame at its tick: the frame the robot had then
 (by the frame index the tick recorded, where it did).
 """
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -16,6 +21,11 @@ import cv2
 import numpy as np
 
 CODECS = {"mp4v": ("mp4v", "mpeg4"), "vp9": ("vp09", "vp9")}  # fourcc, FFmpeg's codec name
+# libvpx's constant-quality level for vp9 (0 best .. 63): 31 kept a moving-arm 640x480
+# recording within 0.3 dB PSNR of mp4v's at a third of its size (docs/trace.md)
+VP9_CRF = 31
+
+log = logging.getLogger("robotd.trace")
 
 
 class VideoError(RuntimeError):
@@ -75,6 +85,22 @@ def frames_at_ticks(
         yield current
 
 
+def first_frame_size(
+    frames: Iterable[tuple[int, bytes] | tuple[int, bytes, int]],
+) -> tuple[int, int] | None:
+    """(width, height) of the first frame of `frames` that decodes, None when none does.
+
+    That is the size `write_video` gives a camera's whole video (`frames_at_ticks` shows
+    the first decodable frame first, and every later frame is resized to it), so an export
+    can compare episodes' sizes before it encodes anything. Only frames up to the first
+    good one are read (and one decoded, of each bad one before it)."""
+    for item in frames:
+        img = cv2.imdecode(np.frombuffer(item[1], np.uint8), cv2.IMREAD_COLOR)
+        if img is not None and img.ndim == 3:
+            return img.shape[1], img.shape[0]
+    return None
+
+
 def _index(item: tuple[int, bytes] | tuple[int, bytes, int]) -> int:
     return int(item[2]) if len(item) > 2 else -1  # type: ignore[misc]
 
@@ -95,7 +121,7 @@ def write_video(path: Path, frames: Iterable[np.ndarray], fps: int, codec: str) 
             if writer is None:
                 size = (img.shape[1], img.shape[0])
                 path.parent.mkdir(parents=True, exist_ok=True)
-                writer = cv2.VideoWriter(str(path), cv2.VideoWriter_fourcc(*fourcc), fps, size)
+                writer = _open_writer(path, codec, fourcc, fps, size)
                 if not writer.isOpened():
                     raise VideoError(f"{path}: OpenCV cannot write {codec} here")
             if (img.shape[1], img.shape[0]) != size:
@@ -109,3 +135,22 @@ def write_video(path: Path, frames: Iterable[np.ndarray], fps: int, codec: str) 
     if count == 0:
         raise VideoError(f"{path}: no frames")
     return VideoInfo(count, size[0], size[1], name, resized)
+
+
+def _open_writer(path: Path, codec: str, fourcc: str, fps: int,
+                 size: tuple[int, int]) -> cv2.VideoWriter:
+    """OpenCV's writer for `codec`; vp9 at constant quality `VP9_CRF` where OpenCV's
+    FFmpeg backend takes ``VIDEOWRITER_PROP_CRF`` (otherwise at its default bitrate, with a
+    warning: those files are larger than mp4v's)."""
+    code = cv2.VideoWriter_fourcc(*fourcc)
+    crf = getattr(cv2, "VIDEOWRITER_PROP_CRF", None)
+    if codec == "vp9" and crf is not None:
+        writer = cv2.VideoWriter(str(path), cv2.CAP_FFMPEG, code, fps, size, [crf, VP9_CRF])
+        if writer.isOpened() and writer.get(crf) == VP9_CRF:
+            return writer
+        writer.release()
+        path.unlink(missing_ok=True)
+    if codec == "vp9":
+        log.warning("export: this OpenCV cannot set VP9's quality (VIDEOWRITER_PROP_CRF); "
+                    "vp9 runs at its default bitrate: larger files than mp4v's")
+    return cv2.VideoWriter(str(path), code, fps, size)

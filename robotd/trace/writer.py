@@ -12,15 +12,15 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
 from robotd.trace import budget, codec
 from robotd.trace.episodes import OpenFile, iso_now
 from robotd.trace.mcapfile import McapFile
 from robotd.trace.outbox import Outbox
-from robotd.trace.rundir import SESSION, episode_name, write_json_atomic
+from robotd.trace.pending import RETRY_S, PendingJson
+from robotd.trace.rundir import SESSION, episode_name, make_reserve
 from robotd.trace.schemas import (
     CHANNELS,
     EPISODE_END,
@@ -31,28 +31,11 @@ from robotd.trace.schemas import (
     ChannelSpec,
     spec_for,
 )
+from robotd.trace.sink import Sink, WriterSettings, jpeg
 
 log = logging.getLogger("robotd.trace")
 _EVENT_SPEC = CHANNELS[EVENTS]
-
-
-class Sink(Protocol):
-    """Something else fed the same encoded messages (the live view)."""
-
-    def publish(self, spec: ChannelSpec, log_time_ns: int, data: bytes) -> None: ...
-    def close(self) -> None: ...
-
-
-@dataclass(frozen=True)
-class WriterSettings:
-    flush_s: float = 1.0
-    flush_bytes: int = 1 << 20
-    fsync: bool = True
-    compression: str = "zstd"
-    poll_s: float = 0.02
-    max_bytes: int = 4 << 30
-    episode_meta: tuple[tuple[str, Any], ...] = ()  # added to every episode's start metadata
-    frame_quality: int = 85  # JPEG quality of the frames given as pixels
+__all__ = ["Sink", "WriterSettings", "WriterThread"]
 
 
 class WriterThread(threading.Thread):
@@ -65,6 +48,9 @@ class WriterThread(threading.Thread):
         self.current: int | None = None
         self.session: OpenFile | None = None
         self.sidecars: dict[int, tuple[Path, dict[str, Any]]] = {}  # episode -> ended sidecar
+        self.pending = PendingJson()  # sidecars a write error held back, retried
+        self.stopped: list[dict[str, Any]] = []  # files a write error closed: run.json's
+        self._session_tried = 0.0  # when a session file was last tried (after a failure)
         self.records = self.frames = self.bytes = self.errors = self.deleted = 0
         self.encoded = self.encode_ns = 0  # frames given as pixels, and their JPEG time
         self.cpu_ns = 0  # this thread's CPU time, as of its last drain (for the stats)
@@ -123,9 +109,9 @@ class WriterThread(threading.Thread):
     # ---- messages
     def _file_for(self, key: int | None) -> OpenFile | None:
         f = self.files.get(self.current if key is None else key)  # type: ignore[arg-type]
-        if f is None or f.broken:
-            f = self._session()
-        return f
+        # an episode file a write error closed keeps its messages (counted as lost in its
+        # sidecar): they are the episode's, not the session's
+        return self._session() if f is None else f
 
     def _message(self, key: int | None, topic: str, log_time_ns: int, record: Any) -> None:
         spec = spec_for(topic)
@@ -161,13 +147,13 @@ class WriterThread(threading.Thread):
         """A frame given as RGB pixels: JPEG-encoded here, off the event loop."""
         t0 = time.perf_counter_ns()
         try:
-            jpeg = _jpeg(pixels, self.settings.frame_quality)
+            data = jpeg(pixels, self.settings.frame_quality)
         except Exception as exc:  # cv2.error, a bad array: one frame lost, said once
             self._complain(f"jpeg:{topic}", f"trace: {topic}: cannot encode a frame: {exc}")
             return
         self.encode_ns += time.perf_counter_ns() - t0
         self.encoded += 1
-        self._frame(key, topic, t, jpeg, index, "jpeg")
+        self._frame(key, topic, t, data, index, "jpeg")
 
     def _emit(self, target: OpenFile | None, spec: ChannelSpec, t: int, data: bytes) -> None:
         if self.sink is not None:
@@ -176,6 +162,9 @@ class WriterThread(threading.Thread):
             except Exception as exc:
                 self._complain("sink", f"trace: live view: {exc!r}")
         if target is None:
+            return
+        target.seen += 1
+        if target.broken:
             return
         try:
             target.file.add(spec, t, data)
@@ -232,14 +221,28 @@ class WriterThread(threading.Thread):
         raise FileExistsError(f"{self.run_dir}: no free name for {stem}")
 
     def _session(self) -> OpenFile | None:
-        if self.session is None and self.run_dir is not None:
-            try:
-                mf = self._open_file(SESSION.removesuffix(".mcap"), {"run": self.run_dir.name})
-            except OSError as exc:
+        """The session file, opened on first use; after a write error closed it, a new one
+        (session-N.mcap: an MCAP file cannot be appended to) once a file opens again, tried
+        at most once a RETRY_S."""
+        s = self.session
+        if self.run_dir is None or (s is not None and not s.broken):
+            return s
+        now = time.monotonic()
+        if s is not None and now - self._session_tried < RETRY_S:
+            return None
+        self._session_tried = now
+        try:
+            mf = self._open_file(SESSION.removesuffix(".mcap"), {"run": self.run_dir.name})
+        except OSError as exc:
+            if s is None:
                 self._complain("session", f"trace: cannot open {SESSION}: {exc}")
-                return None
-            self.session = OpenFile(mf, None, None)
-        return self.session if self.session is None or not self.session.broken else None
+            return None
+        if s is not None:
+            log.warning("trace: writing again: the session continues in %s (%s was closed "
+                        "by a write error)", mf.path.name, s.file.path.name)
+            make_reserve(self.run_dir)  # room again: set the reserve aside again
+        self.session = OpenFile(mf, None, None)
+        return self.session
 
     def _begin(self, key: int, episode: int, wep: str, task: str | None, t: int,
                tick: int | None = None) -> None:
@@ -261,10 +264,7 @@ class WriterThread(threading.Thread):
         f = OpenFile(mf, episode, mf.path.with_suffix(".json"), info={**info, "file": mf.path.name})
         self.files[key] = f
         self._event(f, EPISODE_START, start, t, tick)
-        try:
-            f.write_sidecar()
-        except OSError as exc:
-            self._broken(f, exc)
+        self._sidecar(f)
 
     def _end(self, key: int, outcome: str, verdict: Any, t: int, tick: int | None = None,
              detail: dict[str, Any] | None = None) -> None:
@@ -298,26 +298,37 @@ class WriterThread(threading.Thread):
         if episode in self.sidecars:
             path, info = self.sidecars[episode]
             info["verdict"] = verdict
-            try:
-                write_json_atomic(path, info)
-            except OSError as exc:
-                self._complain("verdict", f"trace: cannot record the verdict in {path}: {exc}")
+            if exc := self.pending.write(path, info):
+                self._complain("verdict", f"trace: cannot record the verdict in {path} yet: "
+                               f"{exc}")
         self._event(self._session(), "verdict", {"episode": episode, "verdict": verdict})
 
     def _close_file(self, f: OpenFile, end: dict[str, Any]) -> None:
-        if f.broken:
+        """Finish `f` (unless a write error closed it already) and write its sidecar: an
+        episode's end gets there either way."""
+        if not f.broken:
+            try:
+                f.file.finish(end)
+                f.flushed()
+            except OSError as exc:
+                self._broken(f, exc)
+        self._sidecar(f)
+
+    def _sidecar(self, f: OpenFile) -> None:
+        """Write `f`'s sidecar now, or (a full disk) as soon as the disk takes it."""
+        if f.sidecar is None:
             return
-        try:
-            f.file.finish(end)
-            f.write_sidecar()
-        except OSError as exc:
-            self._broken(f, exc)
+        if exc := self.pending.write(f.sidecar, {**f.info, **f.summary()}):
+            self._complain(f"sidecar:{f.sidecar}",
+                           f"trace: {f.sidecar}: {exc}; written once the disk takes it")
 
     def _broken(self, f: OpenFile, exc: OSError) -> None:
         if not f.broken:
-            f.broken = True
+            f.stop(exc)
             f.file.abandon()
+            self.stopped.append({"file": f.file.path.name, **(f.stopped or {})})
             self._complain(f"broken:{f.file.path}", f"trace: {f.file.path}: {exc}; file closed")
+            self._sidecar(f)  # says so at once, should the daemon not live to the end
 
     def _open(self) -> list[OpenFile]:
         out = [f for f in self.files.values() if not f.broken]
@@ -328,6 +339,7 @@ class WriterThread(threading.Thread):
     def _flush(self, f: OpenFile) -> None:
         try:
             f.file.flush()
+            f.flushed()
         except OSError as exc:
             self._broken(f, exc)
         f.last_flush = time.monotonic()
@@ -339,6 +351,8 @@ class WriterThread(threading.Thread):
                 self._flush(f)
         if self._since_budget >= max(1 << 20, self.settings.max_bytes // 16):
             self._budget()
+        for path in self.pending.retry():
+            log.warning("trace: %s written at last (a write error had held it back)", path.name)
 
     def _budget(self) -> None:
         self._since_budget = 0
@@ -357,6 +371,9 @@ class WriterThread(threading.Thread):
             self._end(key, "daemon_stopped", None, time.time_ns())
         if self.session is not None:
             self._close_file(self.session, {"outcome": None})
+        self.pending.retry(force=True)
+        for path in self.pending.files:
+            log.error("trace: %s could not be written (the disk still refuses it)", path)
         if self.sink is not None:
             try:
                 self.sink.close()
@@ -368,16 +385,6 @@ class WriterThread(threading.Thread):
         n = self._complaints[key] = self._complaints.get(key, 0) + 1
         if n == 1 or n % 1000 == 0:
             log.error("%s%s", text, f" ({n} times)" if n > 1 else "")
-
-
-def _jpeg(pixels: Any, quality: int = 85) -> bytes:
-    import cv2  # only a trace with frames given as pixels needs it
-
-    ok, buf = cv2.imencode(".jpg", cv2.cvtColor(pixels, cv2.COLOR_RGB2BGR),
-                           [cv2.IMWRITE_JPEG_QUALITY, quality])
-    if not ok:
-        raise ValueError(f"JPEG encoding of a {pixels.shape} frame failed")
-    return buf.tobytes()
 
 
 def episode_name_attempt(stem: str, attempt: int) -> str:
