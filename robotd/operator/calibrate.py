@@ -6,13 +6,16 @@
 Walking through: torque goes off; you put the arm in the middle pose and press Enter (each
 servo gets the homing offset that makes that pose read a half turn); then each joint in
 turn, you move it end to end while a live readout shows min / now / max, and press Enter.
-The file is written where the config's `joints.options.calibration` says (relative to the
-config's directory); an older one is kept as .bak.
+A joint that hardly moved is asked for again (RANGE_TRIES in all) before the walk-through
+gives up. The file is written where the config's `joints.options.calibration` says
+(relative to the config's directory); an older one is kept as .bak. The arm's port must be
+free: a running daemon holds it (exclusively), and is to be stopped first.
 """
 
 from __future__ import annotations
 
 import argparse
+import errno
 import select
 import shutil
 import sys
@@ -35,6 +38,7 @@ from robotd.errors import ConfigError
 
 SERVO_DRIVERS = ("dynamixel", "feetech")
 MIN_RANGE_TICKS = 20
+RANGE_TRIES = 3  # a person may press Enter too soon; not forever
 READOUT_S = 0.05
 
 
@@ -151,6 +155,52 @@ def _watch(
             return (lo or 0, hi or 0)
 
 
+def _held(exc: OSError) -> bool:
+    """The port could not be opened because another process holds its exclusive lock
+    (pyserial's flock failed with EAGAIN; the transport keeps that as the cause)."""
+    causes = (exc, exc.__cause__, exc.__context__)
+    busy = (errno.EAGAIN, errno.EWOULDBLOCK)
+    return any(getattr(c, "errno", None) in busy for c in causes) or (
+        "exclusively lock" in str(exc)
+    )
+
+
+def _open(bus: HomingBus, port: str) -> None:
+    """Open the arm's bus; a port another process holds is said as such, with what to do."""
+    try:
+        bus.open()
+    except OSError as exc:
+        if not _held(exc):
+            raise
+        raise CalibrationError(
+            f"{port} is held by another process, likely the running daemon: stop it first "
+            "(systemctl stop robotd, or Ctrl-C the robotd run), then calibrate again"
+        ) from None
+
+
+def _joint_range(
+    bus: HomingBus, ids: Sequence[int], names: Sequence[str], op: Operator, ident: int
+) -> tuple[int, int]:
+    """(min, max) of servo `ident` as the person moved it; a range under MIN_RANGE_TICKS
+    (Enter pressed before moving it, or the wrong joint moved) is asked for again, each
+    try from scratch, RANGE_TRIES in all, then CalibrationError naming the joint."""
+    name = names[list(ids).index(ident)]
+    op.say(f"Move {name} through its whole range, end to end, then press Enter.")
+    for attempt in range(1, RANGE_TRIES + 1):
+        lo, hi = _watch(bus, ids, names, op, focus=ident)
+        if hi - lo >= MIN_RANGE_TICKS:
+            return lo, hi
+        if attempt < RANGE_TRIES:
+            op.say(
+                f"{name} hardly moved ({lo} .. {hi}): move it from one end to the other, "
+                f"then press Enter (try {attempt + 1} of {RANGE_TRIES})."
+            )
+    raise CalibrationError(
+        f"{name} hardly moved ({lo} .. {hi}) in {RANGE_TRIES} tries: move it from one end "
+        "to the other (is it the joint that moved?); nothing written"
+    )
+
+
 def walk_through(cfg: Config, op: Operator) -> Calibration:
     """The interactive calibration of the arm on cfg's bus."""
     opts, names = cfg.joints.options, cfg.joints.names
@@ -158,7 +208,7 @@ def walk_through(cfg: Config, op: Operator) -> Calibration:
     bus = HomingBus(
         cfg.joints.driver, str(opts["port"]), int(opts.get("baud", 1_000_000)), warn=op.say
     )
-    bus.open()
+    _open(bus, str(opts["port"]))
     try:
         bus.torque_off(ids)
         op.say("Torque is off on every servo: the arm moves by hand now.")
@@ -177,12 +227,7 @@ def walk_through(cfg: Config, op: Operator) -> Calibration:
         joints = {}
         modes = bus.drive_modes(ids)
         for name, i in zip(names, ids):
-            op.say(f"Move {name} through its whole range, end to end, then press Enter.")
-            lo, hi = _watch(bus, ids, names, op, focus=i)
-            if hi - lo < MIN_RANGE_TICKS:
-                raise CalibrationError(
-                    f"{name} hardly moved ({lo} .. {hi}): move it from one end to the other"
-                )
+            lo, hi = _joint_range(bus, ids, names, op, i)
             joints[name] = JointCalibration(
                 id=i, homing_offset=offsets[i], drive_mode=modes[i], range_min=lo, range_max=hi
             )

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import stat
 from dataclasses import dataclass
 from pathlib import Path
@@ -24,6 +25,8 @@ from zmq.auth.asyncio import AsyncioAuthenticator
 log = logging.getLogger("robotd.operator")
 
 ZAP_DOMAIN = "robotd"
+KINDS = ("client", "server")  # whose key pair: robotctl's, or the daemon's
+_SERVER_NAME = re.compile(r"(^|[-_.])server([-_.]|\d|$)", re.IGNORECASE)
 MAX_LOGGED_KEYS = 1000  # unknown keys remembered for "logged once"
 
 
@@ -94,6 +97,17 @@ def keygen(directory: str | Path, name: str) -> tuple[Path, Path]:
         os.umask(old)
     os.chmod(public, 0o644)
     return public, secret
+
+
+def key_kind(name: str, kind: str | None = None) -> str:
+    """Whose pair `keygen` makes: `kind` when given (one of KINDS), else "server" when
+    the name says so as a word (server, robot-server, server2: the docs' --name server),
+    else "client". The files are alike; only where each goes differs."""
+    if kind is not None:
+        if kind not in KINDS:
+            raise ValueError(f"key kind {kind!r}: one of {', '.join(KINDS)}")
+        return kind
+    return "server" if _SERVER_NAME.search(name) else "client"
 
 
 def set_curve_server(sock: zmq.Socket, keys: ServerKeys) -> None:

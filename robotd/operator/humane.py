@@ -11,14 +11,18 @@ MAX_LINES = 400
 
 
 def assignments(items: list[str]) -> dict[str, Any]:
-    """["control.hz=50", ...] → {"control.hz": 50}; ValueError naming a malformed one."""
+    """["gain=2.5", ...] → {"gain": 2.5} (the policy's parameters, TOML values);
+    ValueError naming a malformed one."""
     from robotd.config import _parse_value
 
     out: dict[str, Any] = {}
     for item in items:
         key, sep, value = item.partition("=")
         if not sep or not key.strip():
-            raise ValueError(f"params set: {item!r}: expected KEY=VALUE (e.g. control.hz=50)")
+            raise ValueError(
+                f"params set: {item!r}: expected KEY=VALUE, a parameter the policy declares "
+                "(e.g. gain=2.5; robotctl params lists them)"
+            )
         out[key.strip()] = _sendable(key.strip(), _parse_value(value.strip()))
     if not out:
         raise ValueError("params set: give at least one KEY=VALUE")
@@ -132,9 +136,65 @@ def result(command: str, value: Any) -> str:
         notes = f": {value['notes']}" if value.get("notes") else ""
         return printable(f"episode {value.get('episode')}: {said}{notes}")
     if command == "keygen" and isinstance(value, dict):
-        return (
-            f"public key  {printable(value.get('public'))}   (copy it into the daemon's "
-            f"runtime.curve_clients directory)\nsecret key  {printable(value.get('secret'))}   "
-            "(keep it here; robotctl --key uses it)"
-        )
+        return keygen_words(value)
     return _lines(value)
+
+
+NOT_STOPPED = "the robot may NOT be stopped"
+
+
+def daemon_unconfirmed(said: str, sent: bool, up: bool, endpoint: str, timeout_s: float) -> str:
+    """What is known of a daemon that did not answer an e-stop: `said`, the client's own
+    words, when nothing went out (no socket, a dead one); once it went out, whether the
+    daemon's main process is `up` (its socket completed the connection: it took the
+    e-stop, its control lane did not confirm it) or not even that. Blames no one it
+    cannot know about."""
+    if not sent:
+        return said
+    if up:
+        return (
+            f"the daemon is up but its control lane did not confirm: {endpoint} took the "
+            f"connection and the e-stop, and gave no answer within {timeout_s:g} s"
+        )
+    who = "stopped, hung or not running"
+    if endpoint.startswith("tcp://"):
+        who += ", or refusing this client's CURVE keys"
+    return (
+        f"no answer from the daemon at {endpoint} within {timeout_s:g} s, not even to the "
+        f"connection (its main process is {who}: the e-stop cannot have reached it)"
+    )
+
+
+def estop_unconfirmed(daemon: str, lane: str) -> str:
+    """An e-stop neither path confirmed, in words: what is known of the daemon (see
+    daemon_unconfirmed) and of the control lane, and always that the robot may not be
+    stopped."""
+    text = f"neither the daemon nor its control lane confirmed the e-stop: {daemon}; {lane}"
+    if NOT_STOPPED not in lane:
+        text += f": {NOT_STOPPED}; check it, or cut its power"
+    return text
+
+
+def keygen_words(value: dict[str, Any]) -> str:
+    """Where each file of a new key pair goes, for its kind (curve.key_kind): a client's
+    public key to the daemon's runtime.curve_clients, its secret kept for robotctl; the
+    daemon's public key to the operators (robotctl --server-key), its secret to the
+    daemon alone (runtime.curve_secret_key)."""
+    public, secret = printable(value.get("public")), printable(value.get("secret"))
+    if value.get("kind") == "server":
+        return (
+            f"public key  {public}   (the daemon's: give it to each operator, for robotctl "
+            f"--server-key {public} or $ROBOTD_SERVER_KEY)\n"
+            f"secret key  {secret}   (stays with the daemon: runtime.curve_secret_key = "
+            f'"{secret}", readable by its group only: chgrp robotd {secret} && chmod 0640 '
+            f"{secret}; never copy it)"
+        )
+    use = (
+        "robotctl uses it by default"
+        if value.get("default")
+        else f"give robotctl --key {secret} or $ROBOTCTL_KEY"
+    )
+    return (
+        f"public key  {public}   (copy it into the daemon's runtime.curve_clients "
+        f"directory)\nsecret key  {secret}   (keep it here; {use})"
+    )

@@ -6,7 +6,10 @@
     robotctl verdict --success|--failure [--notes TEXT] [--replace]
     robotctl watch [--seconds S] [--json] # live view; `e` sends an e-stop (a line per
                                          # update when stdout is no terminal)
-    robotctl keygen [--dir DIR] [--name NAME]
+    robotctl keygen [--dir DIR] [--name NAME] [--kind client|server]
+
+The options that find the daemon (--endpoint, --config, ..., --timeout, --json) go before
+or after the command.
 
 Exit codes: 0 ok, 1 the daemon answered with an error (status and stats too when it says
 the control lane has gone silent), 2 no daemon answered (at once when its socket file is
@@ -24,7 +27,6 @@ import re
 import sys
 from pathlib import Path
 from typing import Any, NoReturn
-from urllib.parse import urlsplit
 
 from robotd.errors import ConfigError
 from robotd.lane.messages import NOT_WRITTEN
@@ -37,8 +39,14 @@ from robotd.operator.client import (
     estop_via_lane,
     request_once,
 )
-from robotd.operator.curve import KeyFileError, keygen
-from robotd.operator.locate import Target, default_key_file, locate
+from robotd.operator.curve import KINDS, KeyFileError, key_kind, keygen
+from robotd.operator.locate import (
+    Handshake,
+    Target,
+    default_key_file,
+    endpoint_problem,
+    locate_for,
+)
 from robotd.operator.requests import MAX_TEXT
 from robotd.operator.words import printable
 from robotd.pipes import reader_gone
@@ -69,6 +77,7 @@ WATCH_TEXT = (
 # Commands that change something: without a reply in time they may still be carried out.
 ACTING = frozenset({"start", "stop", "clear_fault", "reset_done", "verdict"})
 PARAMS_HINT = "say: robotctl params set KEY=VALUE"
+UNCONFIRMED = frozenset({"timeout", "busy"})  # estop answers that are no confirmation
 _UNDECODABLE = re.compile("[\ud800-\udfff]")  # argv bytes that were not UTF-8
 
 
@@ -105,18 +114,11 @@ def text_arg(where: str, text: str, limit: int | None = None) -> str:
 
 def check_endpoint(endpoint: str | None, where: str) -> None:
     """UsageError when an ipc endpoint names no socket file or a tcp port is no number."""
-    if endpoint is None:
-        return
-    if endpoint.startswith("ipc://") and not Path(endpoint.removeprefix("ipc://")).name:
-        raise UsageError(
-            f"{where} {endpoint!r}: the endpoint has no socket path "
-            "(e.g. ipc:///run/robotd/control.sock)"
-        )
-    if endpoint.startswith("tcp://"):
-        try:
-            _ = urlsplit(endpoint).port  # ValueError when not a number 0-65535
-        except ValueError:
-            raise UsageError(f"{where} {endpoint!r}: the port is not a number 0-65535") from None
+    if not endpoint or not endpoint.startswith(("ipc://", "tcp://")):
+        return  # none given, or no scheme robotd serves: locate says so
+    why = endpoint_problem(endpoint)
+    if why is not None:
+        raise UsageError(f"{where} {endpoint!r}: {why}")
 
 
 class _Parser(argparse.ArgumentParser):
@@ -125,21 +127,38 @@ class _Parser(argparse.ArgumentParser):
         self.exit(EXIT_USAGE, f"{self.prog}: error: {message}\n")
 
 
+def _options(p: argparse.ArgumentParser, json_help: str, *, inherit: bool) -> None:
+    """The options every daemon command takes. Given before the command they go on the
+    top parser; after it, on the command's, whose defaults are then SUPPRESSed (`inherit`)
+    so that an option given before the command is not reset by the command's default."""
+
+    def dflt(value: Any) -> Any:
+        return argparse.SUPPRESS if inherit else value
+
+    p.add_argument("--endpoint", default=dflt(None), help="control socket (default: found)")
+    p.add_argument("--telemetry", default=dflt(None), help="telemetry socket (default: beside it)")
+    p.add_argument("--config", type=Path, default=dflt(None),
+                   help="the robot's config: its runtime.dir and endpoints")  # fmt: skip
+    p.add_argument("--server-key", default=dflt(None), help="tcp: the daemon's public .key file")
+    p.add_argument("--key", default=dflt(None), help="tcp: this client's .key_secret file")
+    p.add_argument("--timeout", type=_seconds, default=dflt(DEFAULT_TIMEOUT_S),
+                   help="seconds to wait")  # fmt: skip
+    p.add_argument("--json", action="store_true", default=dflt(False), help=json_help)
+
+
 def _common(json_help: str = "one JSON object on stdout") -> argparse.ArgumentParser:
     c = argparse.ArgumentParser(add_help=False)
-    c.add_argument("--endpoint", default=None, help="control socket (default: found)")
-    c.add_argument("--telemetry", default=None, help="telemetry socket (default: beside it)")
-    c.add_argument("--config", type=Path, default=None, help="the robot's config: its endpoints")
-    c.add_argument("--server-key", default=None, help="tcp: the daemon's public .key file")
-    c.add_argument("--key", default=None, help="tcp: this client's .key_secret file")
-    c.add_argument("--timeout", type=_seconds, default=DEFAULT_TIMEOUT_S, help="seconds to wait")
-    c.add_argument("--json", action="store_true", help=json_help)
+    _options(c, json_help, inherit=True)
     return c
 
 
 def _parser() -> argparse.ArgumentParser:
     common = _common()
-    p = _Parser(prog="robotctl", description="Drive a running robotd.")
+    p = _Parser(
+        prog="robotctl",
+        description="Drive a running robotd. The options below go before or after the command.",
+    )
+    _options(p, "one JSON object on stdout (watch: JSON lines)", inherit=False)
     sub = p.add_subparsers(dest="command", required=True)
     for name in SIMPLE:
         s = sub.add_parser(name, parents=[common], help=SIMPLE_HELP[name])
@@ -166,7 +185,10 @@ def _parser() -> argparse.ArgumentParser:
     kg = sub.add_parser("keygen", help="make a CURVE key pair (NAME.key, NAME.key_secret)")
     kg.add_argument("--dir", type=Path, default=None, help="default: ~/.config/robotd")
     kg.add_argument("--name", default="robotctl")
-    kg.add_argument("--json", action="store_true")
+    kg.add_argument("--kind", choices=KINDS, default=None, help="whose pair: robotctl's "
+                    "(client) or the daemon's (server); default: server when NAME says "
+                    "server (server, robot-server, server2), else client")  # fmt: skip
+    kg.add_argument("--json", action="store_true", default=argparse.SUPPRESS)
     return p
 
 
@@ -205,34 +227,61 @@ class Output:
         said = [command] if code == command else [command, code]
         for prefix in said:  # the daemon's messages often start with the command's name
             message = message.removeprefix(f"{prefix}: ")
-        print(printable(f"robotctl: {': '.join(said)}: {message}"), file=sys.stderr)
+        for line in f"robotctl: {': '.join(said)}: {message}".splitlines():
+            print(printable(line), file=sys.stderr)  # a config's problems: a line each
         return exit_code
+
+    def warn(self, message: str) -> None:
+        """A warning on stderr (stdout stays one JSON object with --json), a line each."""
+        for line in message.splitlines():
+            print(printable(f"robotctl: warning: {line}"), file=sys.stderr)
 
 
 def estop(target: Target, reason: str, timeout_s: float) -> tuple[str, Any]:
     """The e-stop through the daemon, else straight to the control lane.
 
     ("ok", result) once confirmed; ("error", (code, message)) when the daemon refused;
-    ("unreachable", words) when nobody confirmed it (then it never claims success). Any
-    `reason` goes, made sendable (estop_reason)."""
+    ("unreachable", words) when nobody confirmed it (then it never claims success, and
+    the words say what is known: humane.estop_unconfirmed). Any `reason` goes, made
+    sendable (estop_reason). A daemon that answers `timeout` or `busy` has not confirmed
+    it either: the lane is tried then too."""
     reason = estop_reason(reason)
+    if target.control.startswith("tcp://") and target.curve is None:  # locate said why
+        said = f"the daemon at {target.control} was not asked (no CURVE keys)"
+        return _via_lane(target, reason, timeout_s, said)
+    handshake = Handshake(target)  # meanwhile: is the daemon's main process up at all?
     try:
-        reply = request_once(
-            target.control,
-            "estop",
-            {"reason": reason} if reason else {},
-            timeout_s=timeout_s,
-            curve=target.curve,
-        )
-    except Unreachable as first:
         try:
-            return "ok", estop_via_lane(target.control, reason or "robotctl", timeout_s)
-        except Unreachable as lane:
-            return "unreachable", f"{first}; {lane}"
-    if reply.get("ok"):
-        return "ok", reply.get("result")
-    err = reply.get("error") if isinstance(reply.get("error"), dict) else {}
-    return "error", (str(err.get("code", "error")), str(err.get("message", "")))
+            reply = request_once(
+                target.control,
+                "estop",
+                {"reason": reason} if reason else {},
+                timeout_s=timeout_s,
+                curve=target.curve,
+            )
+        except Unreachable as first:
+            up = first.sent and handshake.seen()
+            said = humane.daemon_unconfirmed(str(first), first.sent, up, target.control, timeout_s)
+            return _via_lane(target, reason, timeout_s, said)
+        if reply.get("ok"):
+            return "ok", reply.get("result")
+        err = reply.get("error") if isinstance(reply.get("error"), dict) else {}
+        code, message = str(err.get("code", "error")), str(err.get("message", ""))
+        if code not in UNCONFIRMED:
+            return "error", (code, message)
+        said = f"the daemon is up but its control lane did not confirm: it said {code}: {message}"
+        return _via_lane(target, reason, timeout_s, said)
+    finally:
+        handshake.close()
+
+
+def _via_lane(target: Target, reason: str, timeout_s: float, daemon: str) -> tuple[str, Any]:
+    """The e-stop to lane.sock after the daemon did not confirm it (`daemon`: what is
+    known of the daemon, in words)."""
+    try:
+        return "ok", estop_via_lane(target.lane_control, reason or "robotctl", timeout_s)
+    except Unreachable as lane:
+        return "unreachable", humane.estop_unconfirmed(daemon, str(lane))
 
 
 def _watch_estop(target: Target, timeout_s: float) -> tuple[bool, str]:
@@ -260,13 +309,28 @@ def _lane_silent(command: str, result: Any) -> bool:
     return silent and command in ("status", "stats")
 
 
-def _run(args: argparse.Namespace, out: Output) -> int:
-    if args.command == "keygen":
-        public, secret = keygen(args.dir or default_key_file().parent, args.name)
-        return out.result("keygen", {"public": str(public), "secret": str(secret)})
+def _keygen(args: argparse.Namespace, out: Output) -> int:
+    kind = key_kind(args.name, args.kind)
+    directory = args.dir or default_key_file().parent
+    public, secret = keygen(directory, args.name)
+    default = secret.resolve() == default_key_file().resolve()
+    made = {"public": str(public), "secret": str(secret), "kind": kind}
+    return out.result("keygen", {**made, "default": default} if kind == "client" else made)
+
+
+def _locate(args: argparse.Namespace, out: Output) -> Target:
     check_endpoint(args.endpoint or os.environ.get("ROBOTD_ENDPOINT") or None, "--endpoint")
     check_endpoint(args.telemetry, "--telemetry")
-    target = locate(args.endpoint, args.telemetry, args.config, args.server_key, args.key)
+    return locate_for(
+        args.command, args.endpoint, args.telemetry, args.config, args.server_key, args.key,
+        warn=out.warn,
+    )  # fmt: skip
+
+
+def _run(args: argparse.Namespace, out: Output) -> int:
+    if args.command == "keygen":
+        return _keygen(args, out)
+    target = _locate(args, out)
     if args.command == "watch":
         from robotd.operator.watch import watch
 
