@@ -77,7 +77,8 @@ class Kernel:
             {name: int(cam.max_age_ms * 1e6) for name, cam in cfg.cameras.items()}, self.counters
         )
         self.watchdog = Watchdog(cfg.control.max_hold_steps)
-        self.step = 0  # step within the worker-side episode
+        self.step = 0  # step within the worker-side episode (what asks and rows count by)
+        self._ep_steps0 = 0  # counters.steps when the operator episode started
         self.wep = ""  # worker-side episode id
         self.task = ""  # the operator's task text for the episode
         self._estop_ns = 0  # when the latest operator e-stop was taken (CLOCK_MONOTONIC)
@@ -92,6 +93,12 @@ class Kernel:
         self._since_reset: tuple[int, int] | None = None  # (holds, ns) at the last reset
         # A simulated robot starts its first episode by itself, once the policy link is up.
         self._autostart = cfg.robot.start == "episode"
+
+    @property
+    def episode_steps(self) -> int:
+        """The operator episode's steps so far (status, episode_end): unlike `step`, never
+        back to 0 at a worker-side reset within it."""
+        return self.counters.steps - self._ep_steps0
 
     @property
     def torque_on(self) -> bool:
@@ -133,17 +140,10 @@ class Kernel:
 
     def status(self) -> Status:
         m, pb = self.machine, self.playback
+        # `step`: the operator episode's (it only grows while the episode runs)
         return Status(
-            str(m.state),
-            m.episode,
-            self.wep,
-            self.step,
-            m.outcome,
-            self.latch.shown(),
-            len(pb.queue),
-            pb.in_flight is not None,
-            self.latch.torque_on,
-            self.task,
+            str(m.state), m.episode, self.wep, self.episode_steps, m.outcome, self.latch.shown(),
+            len(pb.queue), pb.in_flight is not None, self.latch.torque_on, self.task,
             self.recorder.stale if m.state is State.RUNNING else (),
         )
 
@@ -154,7 +154,8 @@ class Kernel:
         self._event("contract", open_loop_horizon=open_loop_horizon, rtc=rtc)
         if self._autostart:
             self._autostart = False
-            self._start_episode()
+            if self.machine.state is State.IDLE:  # not after an e-stop taken before the link
+                self._start_episode()
 
     def deliver(self, chunk: Chunk) -> None:
         """A chunk arrived; it is merged at the start of the next update."""
@@ -350,6 +351,7 @@ class Kernel:
         if not already_started:
             self.machine.start()
         self.counters.episodes += 1
+        self._ep_steps0 = self.counters.steps
         self.watchdog.reset()
         self._new_worker_episode()
         self.emit(resume.snapshot(self))  # what a replay of the episode starts from
@@ -377,7 +379,8 @@ class Kernel:
             wep=self.wep,
             outcome=outcome,
             cause=cause,  # a fault's cause (a replay tells the operator's from the kernel's)
-            steps=self.step,
+            steps=self.episode_steps,
+            wep_steps=self.step,  # of its last worker-side episode
             flushed=flushed,
         )
 

@@ -24,14 +24,14 @@ import anyio.abc
 
 from robotd.config import Config
 from robotd.contract import Actions, ContractError
-from robotd.lane.messages import ActFailed, Ask, Contract, EpisodeLost, Merged, Step
+from robotd.lane.messages import ActFailed, Ask, Contract, EpisodeLost, Merged, Status, Step
 from robotd.link.client import Handshake, PolicyError
 from robotd.link.connect import (
     HELLO_DEADLINE_S,
     PolicyLink,
     StartupError,
     build_link,
-    connect_policy,
+    hello,
     hello_once,
 )
 from robotd.link.frame_tap import FrameTap
@@ -67,13 +67,18 @@ class PolicySession:
         send_down: Callable[[Any], None],
         worker_failed: Callable[[], str],
         task: Callable[[], str] = lambda: "",
+        lane_status: Callable[[], Status | None] = lambda: None,
     ) -> None:
+        """`lane_status`: the control lane's latest state (what a worker back acts on)."""
         self.cfg = cfg
         self.endpoint = endpoint
         self.rings = rings
         self.send_down = send_down
         self.worker_failed = worker_failed
         self.task = task
+        self.lane_status = lane_status
+        self.hello_answered = False  # the first worker answered its hello (rightly)
+        self._gone_episode = 0  # the operator episode running when the worker went (0: none)
         self.steps = StepRing(keep=256)
         self.counters = LinkCounters()
         self.health = LinkHealth(cfg.policy.reconnect_max_s)
@@ -119,25 +124,30 @@ class PolicySession:
             self.openpi.acts.tap = self.trace
             actions = self.openpi.acts.actions
         else:
-            link = await connect_policy(
-                self.cfg,
-                self.endpoint,
-                steps=self.steps,
-                rings=self.rings,
-                send_down=self.send_down,
-                worker_failed=self.worker_failed,
-                counters=self.counters,
-                on_lost=self.episode_lost,
-                task=self.task,
-                wait_s=wait_s,
-                source=source,
-            )
+            link = await self._first_link(wait_s, source)
             self._install(link)
             actions = link.actions
         self.health.up()
         self._contract = self._contract_for(actions)
         tg.start_soon(self._watch)
         return self._contract
+
+    async def _first_link(self, wait_s: float, source: str) -> PolicyLink:
+        """Hello (retried while the worker comes up), then the link; `hello_answered` says
+        which of the two a StartupError came from: a worker that answered and whose
+        contract is refused is serving, not still loading."""
+        client, hs = await hello(
+            self.cfg, self.endpoint, self.worker_failed, wait_s=wait_s, source=source
+        )
+        self.hello_answered = True
+        try:
+            return build_link(
+                self.cfg, self.endpoint, client, hs, self.steps, self.rings, self.send_down,
+                self.counters, self.episode_lost, self.task,
+            )
+        except (StartupError, ContractError):
+            await client.close()
+            raise
 
     def _contract_for(self, actions: Actions | None) -> Contract:
         """The lane's Contract: the horizon, and whether the policy takes the frozen prefix
@@ -204,6 +214,8 @@ class PolicySession:
         if self._closing or not self.health.gone(reason):
             return
         log.warning("policy worker gone: %s; the robot holds, reconnecting", reason)
+        st = self.lane_status()
+        self._gone_episode = st.episode if st is not None and st.state == "RUNNING" else 0
         if self.trace is not None:
             self.trace.link("reconnect", state="gone", reason=reason[:500])
         self._report_lost(f"worker gone: {reason}")
@@ -276,7 +288,24 @@ class PolicySession:
         self.counters.reconnects = self.health.reconnects
         if self.trace is not None:
             self.trace.link("reconnect", state="back", away_s=round(away, 3))
-        log.warning("policy worker back after %.1f s: the episode goes on in a new one", away)
+        log.warning("policy worker back after %.1f s: %s", away, self._back_words())
+
+    def _back_words(self) -> str:
+        """What a worker back acts on, by the lane's state now (the episode that ran when
+        it went may have ended meanwhile: starved, stopped, a fault)."""
+        st, gone_ep = self.lane_status(), self._gone_episode
+        self._gone_episode = 0
+        if st is None:
+            return "the control lane's state is not known yet"
+        if st.state == "RUNNING" and st.episode == gone_ep:
+            return f"episode {st.episode} goes on in a new worker-side episode"
+        if st.state == "RUNNING":
+            return f"episode {st.episode}, started while it was away, is served from now on"
+        after = {"FAULT": " (once the fault is cleared)", "IDLE": ""}.get(
+            st.state, " (after reset_done)"
+        )
+        ended = f"episode {gone_ep} ended while it was away; " if gone_ep else ""
+        return f"{ended}no episode is running ({st.state}): the next start{after} acts on it"
 
     # ---- the lane's messages -----------------------------------------------------------------
 

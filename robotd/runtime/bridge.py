@@ -7,6 +7,10 @@ Three sockets in the run directory:
 - lane.sock (the control process binds, 0660): e-stops, served first by the lane at
   every tick, so a burst of other commands never delays one.
 
+Beside the messages it keeps when the lane's ticks were (LaneClock: the log says when the
+lane took an event this process read late), tells StaleCameras the lane's state at each
+Stats, and says once when this process itself did not run for MAIN_STALL_S or more.
+
 Commands are bounded: at most MAX_PENDING wait for their reply at once; beyond that the
 caller gets `LaneBusy` at once (the operator's reply says "busy") instead of a queue that
 would delay everything behind it.
@@ -26,13 +30,18 @@ import zmq
 import zmq.asyncio
 
 from robotd.lane import codec
-from robotd.lane.messages import Bye, Command, Estop, Ready, Reply, Stats, Status
+from robotd.lane.messages import Bye, Command, Estop, Ready, Reply, Stats, Status, Step
 from robotd.operator.words import state_words
-from robotd.runtime.view import SILENT_MIN_S, LaneSilence, status_dict
+from robotd.runtime.events import StaleCameras
+from robotd.runtime.view import SILENT_MIN_S, LaneClock, LaneSilence, status_dict
 
 log = logging.getLogger("robotd")
 
 MAX_PENDING = 64  # commands waiting for the control lane's reply
+# Woken this much later than asked, the main process itself did not run (SIGSTOP, a
+# debugger, starved of CPU): said once, as the e-stops and faults the lane took meanwhile
+# are only read now. Far over any scheduling hiccup of a loaded 2-core machine.
+MAIN_STALL_S = 2.0
 
 
 class LaneBusy(RuntimeError):
@@ -50,8 +59,16 @@ class LaneBridge:
     each kind of up message; `run()` receives until cancelled."""
 
     def __init__(
-        self, ctx: zmq.asyncio.Context, run_dir: Path, *, silent_after_s: float = SILENT_MIN_S
+        self,
+        ctx: zmq.asyncio.Context,
+        run_dir: Path,
+        *,
+        silent_after_s: float = SILENT_MIN_S,
+        hz: float = 30.0,
+        cameras: StaleCameras | None = None,
     ) -> None:
+        """`hz`: the lane's control rate (its ticks' times, `clock`); `cameras`: told the
+        lane's state at each Stats, to say when a camera goes stale and fresh again."""
         pid = os.getpid()
         self.up_ep = f"ipc://{run_dir}/up-{pid}.sock"
         self.down_ep = f"ipc://{run_dir}/lane-{pid}.sock"
@@ -76,6 +93,9 @@ class LaneBridge:
         self.silence = LaneSilence(silent_after_s)
         self.lane_pid: int | None = None  # from its Ready, for the silence warning
         self.lane_said_bye = False  # it stopped on purpose: its silence is no news
+        self.clock = LaneClock(hz)  # when the lane's ticks were (its events carry ticks)
+        self.cameras = cameras
+        self.last_step: Step | None = None  # the newest Step read (its frames' times)
 
     def on(self, kind: type, handler: Callable[[Any], None]) -> None:
         self._handlers[kind] = handler
@@ -224,6 +244,12 @@ class LaneBridge:
             late, woke = self.silence.clock() - woke - every, self.silence.clock()
             # Woken this late, the main process itself was stopped or starved: the lane's
             # messages may not even have reached our socket yet. Judge it next round.
+            if late >= MAIN_STALL_S:
+                log.warning(
+                    "the main process was not running for %.1f s (stopped or starved of "
+                    "CPU): what the control lane did meanwhile is read only now",
+                    late,
+                )
             if late > every or self.lane_said_bye:
                 continue
             age = self.silence.declare(self._unread())
@@ -240,7 +266,9 @@ class LaneBridge:
             )
 
     def _dispatch(self, msg: Any) -> None:
-        if isinstance(msg, Reply):
+        if isinstance(msg, Step):  # first: one every tick
+            self.last_step = msg
+        elif isinstance(msg, Reply):
             if msg.status is not None:
                 self.status = msg.status
             waiting = self._pending.get(msg.id) if msg.id is not None else None
@@ -252,6 +280,9 @@ class LaneBridge:
             self.status = msg
         elif isinstance(msg, Stats):
             self.status = msg.state
+            self.clock.stats(msg.counters.ticks, msg.elapsed_s)
+            if self.cameras is not None:  # a Stats comes after its tick's Step
+                self.cameras.seen(msg.state, self.last_step)
         elif isinstance(msg, Ready):
             self.lane_pid = msg.pid
         elif isinstance(msg, Bye):

@@ -16,12 +16,15 @@ reconnecting). A camera that cannot be opened (a file that is missing or does no
 no device) is tried again in this process with backoff (OPEN_RETRY_MIN_S doubling to
 OPEN_RETRY_MAX_S) until it opens or a signal: its cause is said once, then again only when
 it changes or every RESAY_S with the count of tries (not one line per try for good).
-Every failure is one line on stderr naming the camera.
+Every failure is one line on stderr naming the camera, in the daemon's own log format
+(time, level, logger: robotd.runtime.procutil.setup_logging), so that its lines sort and
+read like every other line of the run.
 """
 
 from __future__ import annotations
 
 import contextlib
+import logging
 import sys
 import threading
 import time
@@ -45,7 +48,7 @@ from robotd.errors import one_line
 from robotd.runtime.procutil import (
     die_with_parent,
     install_stop_signals,
-    line_start,
+    setup_logging,
     sleep_until,
 )
 from robotd.shm import FrameRing, ShmError
@@ -55,7 +58,7 @@ MAX_ERRORS_IN_A_ROW = 10  # frame errors the loop tolerates before giving up (ex
 OPEN_RETRY_MIN_S = 1.0  # a camera that cannot be opened: the first wait before trying again
 OPEN_RETRY_MAX_S = 5.0  # ... doubled up to this
 RESAY_S = 60.0  # the same open failure is said again at most this often (with a count)
-_PROG = "robotd.runtime.camera_proc"
+log = logging.getLogger("robotd.runtime.camera_proc")
 
 
 class UsageError(Exception):
@@ -95,7 +98,7 @@ def make_camera(spec: CameraSpec, stop: threading.Event) -> Camera:
         stop=stop,
         shm_prefix=spec.shm_prefix,
         config_dir=Path(spec.config_dir) if spec.config_dir else None,
-        warn=lambda message: _say(f"camera {spec.name!r}", message),
+        warn=lambda message: _say(f"camera {spec.name!r}", message, logging.WARNING),
     )
     geometry = Geometry(spec.name, spec.width, spec.height, spec.fps)
     try:
@@ -123,7 +126,7 @@ def capture_loop(camera: Camera, ring: FrameRing, stop: threading.Event, label: 
                     f"{errors_in_a_row} frame errors in a row, last: {one_line(exc)}"
                 ) from exc
             if errors == 1 or errors % 100 == 0:
-                _say(label, f"frame error #{errors} (skipped): {one_line(exc)}")
+                _say(label, f"frame error #{errors} (skipped): {one_line(exc)}", logging.WARNING)
             continue
         errors_in_a_row = 0
     return EXIT_OK
@@ -147,16 +150,17 @@ def open_until_ready(camera: Camera, stop: threading.Event, label: str) -> bool:
                     label,
                     f"cannot open: {why}; trying again every {OPEN_RETRY_MAX_S:g} s "
                     f"at most (said again when the cause changes, else every {RESAY_S:g} s)",
+                    logging.WARNING,
                 )
                 last, said_at = why, now
             elif now - said_at >= RESAY_S:
-                _say(label, f"still cannot open after {tries} tries: {why}")
+                _say(label, f"still cannot open after {tries} tries: {why}", logging.WARNING)
                 said_at = now
             if not sleep_until(time.monotonic_ns() + int(backoff.next() * 1e9), stop):
                 return False
             continue
         if tries:
-            _say(label, f"opened after {tries} failed tries")
+            _say(label, f"opened after {tries} failed tries", logging.INFO)
         return True
     return False
 
@@ -164,6 +168,7 @@ def open_until_ready(camera: Camera, stop: threading.Event, label: str) -> bool:
 def main(argv: list[str] | None = None) -> int:
     """Run one camera process; returns the exit code."""
     argv = sys.argv[1:] if argv is None else argv
+    setup_logging()
     try:
         spec = parse_spec(argv)
     except UsageError as exc:
@@ -194,9 +199,9 @@ def main(argv: list[str] | None = None) -> int:
             return EXIT_DRIVER
 
 
-def _say(label: str, message: str) -> None:
-    text = " ".join(message.split())
-    print(f"{line_start()}{_PROG}: {label}: {text}", file=sys.stderr, flush=True)
+def _say(label: str, message: str, level: int = logging.ERROR) -> None:
+    """One log line naming the camera (`label`), its text on one line."""
+    log.log(level, "%s: %s", label, " ".join(message.split()))
 
 
 def _guess_label(argv: list[str]) -> str:

@@ -30,7 +30,7 @@ from robotd.operator.status import StatusLine
 from robotd.runtime import sdnotify
 from robotd.runtime.bridge import LaneBridge
 from robotd.runtime.children import Children, LaneEndpoints, Shared, create_shared
-from robotd.runtime.events import EventLog
+from robotd.runtime.events import EventLog, StaleCameras
 from robotd.runtime.options import Options
 from robotd.runtime.procutil import setup_logging, stop_on_signal
 from robotd.runtime.recorder import Recorder, open_recorder
@@ -46,7 +46,7 @@ log = logging.getLogger("robotd")
 __all__ = ["Daemon", "Options", "run", "setup_logging"]
 
 READY_TIMEOUT_S = 30.0
-# Said after a hello timed out while the local worker lives on: why it did not answer.
+# Said after a hello went unanswered while the local worker lives on: why it did not answer.
 NOT_SERVING = (
     "; the local worker is running but not serving yet: its policy is still loading, or"
     " stuck in its set-up"
@@ -66,7 +66,10 @@ class Daemon:
         self.ctx = zmq.asyncio.Context()
         c = cfg.control
         silent_s = silent_after_s(c.hz, c.stats_interval_s)
-        self.bridge = LaneBridge(self.ctx, self.dir, silent_after_s=silent_s)
+        ages = {name: cam.max_age_ms for name, cam in cfg.cameras.items()}
+        self.bridge = LaneBridge(
+            self.ctx, self.dir, silent_after_s=silent_s, hz=c.hz, cameras=StaleCameras(ages)
+        )
         self.summary = RunSummary(cfg.control.hz)
         self.stop = anyio.Event()
         self.exit_code = 0
@@ -74,7 +77,7 @@ class Daemon:
         self.shared: Shared | None = None
         self.session: PolicySession | None = None
         self._scope: anyio.CancelScope | None = None  # start-up and run; a signal cancels it
-        self.events = EventLog(cfg.control, self.summary, self._episode_ended)
+        self.events = EventLog(cfg.control, self.summary, self._episode_ended, self.bridge.clock)
         self.view = DaemonView(
             self.run_id,
             cfg.robot.name,
@@ -161,14 +164,16 @@ class Daemon:
             send_down=b.send,
             worker_failed=lambda: children.worker_failed,
             task=lambda: b.status.task if b.status is not None else "",
+            lane_status=lambda: b.status,
         )
         self.session.trace = self.recorder  # uploads, refusals, reconnects (None: no trace)
         try:
             contract = await self.session.connect(tg, **self._worker_wait())
         except (StartupError, ContractError) as exc:
-            # a local worker alive but not serving: its policy still loads (or is stuck)
+            # A local worker alive that never answered its hello: its policy still loads (or
+            # is stuck). One that answered and was refused (its contract) is serving.
             waiting = isinstance(exc, StartupError) and local is not None
-            waiting = waiting and children.alive("worker")
+            waiting = waiting and not self.session.hello_answered and children.alive("worker")
             log.error("%s%s", exc, NOT_SERVING if waiting else "")
             self.exit_code = 2
             return

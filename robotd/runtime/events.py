@@ -1,15 +1,19 @@
-"""What the control lane's events mean in the main process: a log line at the right level,
-the end of a worker-side episode passed on, and the one-time refill warning."""
+"""What the control lane's events mean in the main process: a log line at the right level
+(saying when the lane took it, if that was well before this process read it), the end of a
+worker-side episode passed on, the one-time refill warning, and a line each time a camera
+goes stale and fresh again (StaleCameras)."""
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+import time
+from collections.abc import Callable, Mapping
 
 from robotd.config import ControlConfig
-from robotd.lane.messages import Event, Merged
+from robotd.lane.messages import Event, Merged, Status, Step
 from robotd.repeats import Repeats
 from robotd.runtime.summary import RunSummary
+from robotd.runtime.view import LATE_EVENT_S, LaneClock
 
 log = logging.getLogger("robotd")
 
@@ -59,10 +63,12 @@ class EventLog:
         control: ControlConfig,
         summary: RunSummary,
         episode_ended: Callable[[str], None],
+        lane_clock: LaneClock | None = None,
     ) -> None:
         self.control = control
         self.summary = summary
         self.episode_ended = episode_ended
+        self.lane_clock = lane_clock  # when the lane took an event (None: not said)
         self._refill_warned = False
         self._quiet = Repeats(QUIET_S)
         self._chunk_rows = 0  # rows of the last chunk merged (at the control rate)
@@ -74,11 +80,23 @@ class EventLog:
             said = self._quiet.say(key)
             if said is not None:
                 extra = f" (+{said.unsaid} more in the last {said.since_s:.0f} s)"
-                log.log(level, "%s %s%s", ev.name, ev.detail, extra if said.unsaid else "")
+                extra = extra if said.unsaid else ""
+                log.log(level, "%s %s%s%s", ev.name, ev.detail, extra, self._late(ev))
         else:
-            log.log(level, "%s %s", ev.name, ev.detail)
+            log.log(level, "%s %s%s", ev.name, ev.detail, self._late(ev))
         if ev.name == "episode_end":
             self.episode_ended(str(ev.detail.get("wep", "")))
+
+    def _late(self, ev: Event) -> str:
+        """The tail "(taken by the control lane N s earlier, ...)" when this process reads
+        `ev` well after the lane took it: the line's own time is then not when it happened."""
+        ago = self.lane_clock.ago(ev.tick) if self.lane_clock is not None else None
+        if ago is None or ago < LATE_EVENT_S:
+            return ""
+        return (
+            f" (taken by the control lane {ago:.1f} s earlier, while this process was not "
+            "running)"
+        )
 
     def on_merged(self, msg: Merged) -> None:
         self._chunk_rows = msg.rows
@@ -118,3 +136,52 @@ class EventLog:
                 c.refill_steps,
                 lat["steps"]["p50"] + 1,
             )
+
+
+class StaleCameras:
+    """One warning when a camera's newest frame goes stale (missing, or older than its
+    max_age_ms) while an episode runs, and one line when it is fresh again: once per
+    transition, never per tick. Fed the lane's Status of each Stats (its `stale_cameras`:
+    at the last step) and the last Step (its frames' capture times: how old the newest
+    was). Both ends are warnings, as the lane's silence: `journalctl -p warning` shows the
+    robot holding and why, and when that ended."""
+
+    def __init__(
+        self, max_age_ms: Mapping[str, float], clock: Callable[[], float] = time.monotonic
+    ) -> None:
+        self.max_age_ms = dict(max_age_ms)
+        self.clock = clock
+        self.since: dict[str, float] = {}  # stale cameras, and since when (our clock)
+
+    def seen(self, status: Status, step: Step | None) -> None:
+        """The lane's state at a Stats; `step` the last Step read before it (None: none)."""
+        running = status.state == "RUNNING"
+        stale = set(status.stale_cameras) if running else set()
+        now = self.clock()
+        for name in sorted(stale - self.since.keys()):
+            self.since[name] = now
+            log.warning(
+                "camera %s is stale: %s (max_age_ms %g): no act is asked, the robot holds "
+                "until it is fresh again", name, _newest(step, name), self.max_age_ms.get(name, 0)
+            )
+        for name in sorted(self.since.keys() - stale):
+            took = now - self.since.pop(name)
+            if running:
+                log.warning(
+                    "camera %s is fresh again after %.1f s stale: acts are asked again", name, took
+                )
+            else:  # not known fresh: only no longer watched
+                log.warning(
+                    "camera %s was still stale (%.1f s) when the episode stopped running (%s)",
+                    name, took, status.state,
+                )
+
+
+def _newest(step: Step | None, name: str) -> str:
+    """How old camera `name`'s newest frame was at `step`, in words."""
+    ref = step.cams.get(name) if step is not None else None
+    if step is None or name not in step.cams:
+        return "its newest frame's age is unknown"
+    if ref is None:
+        return "it has delivered no frame"
+    return f"its newest frame is {(step.t - ref[1]) / 1e6:.0f} ms old"

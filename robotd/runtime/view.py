@@ -84,6 +84,41 @@ class LaneSilence:
         }
 
 
+# A lane event read this much after the lane took it was not read as it came: the main
+# process did not run (stopped, or starved of CPU). Under it, a loaded 2-core machine's
+# scheduling and a batch's queueing; over it, worth saying when the event really happened.
+LATE_EVENT_S = 2.0
+
+
+class LaneClock:
+    """When the control lane's ticks happened, on this process's monotonic clock (the lane
+    stamps its events with its tick count, not a time). Each Stats says its tick count and
+    the seconds since the lane's ticker origin; CLOCK_MONOTONIC is the system's, so the
+    origin is our receipt time minus that, over-estimated by the delivery delay only: the
+    least estimate is kept. A tick after the last Stats is placed at one period a tick
+    from it (missed deadlines between make that a little early, never by seconds)."""
+
+    def __init__(self, hz: float, clock: Callable[[], float] = time.monotonic) -> None:
+        self.period_s = 1.0 / hz
+        self.clock = clock
+        self._origin: float | None = None  # the lane's ticker origin, on our clock
+        self._anchor = (0, 0.0)  # (tick count, seconds since the origin) of the last Stats
+
+    def stats(self, ticks: int, elapsed_s: float) -> None:
+        """A Stats message arrived now: the lane was at `ticks`, `elapsed_s` from its origin."""
+        origin = self.clock() - elapsed_s
+        self._origin = origin if self._origin is None else min(self._origin, origin)
+        self._anchor = (ticks, elapsed_s)
+
+    def ago(self, tick: int) -> float | None:
+        """Seconds since the lane was at `tick` (None before its first Stats)."""
+        if self._origin is None:
+            return None
+        ticks, elapsed_s = self._anchor
+        at = self._origin + elapsed_s + (tick - ticks) * self.period_s
+        return max(0.0, self.clock() - at)
+
+
 class LaneCommands(Protocol):
     """How operator commands reach the control lane (robotd.runtime.bridge.LaneBridge)."""
 
