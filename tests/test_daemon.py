@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import signal
 
 import numpy as np
@@ -79,7 +80,9 @@ def test_sigkill_of_main_the_lane_holds_then_estops_exits_and_leaves_nothing(tmp
     d.signal(signal.SIGKILL)
     d.wait_exit()
     # its stderr is ours; the lines' times are when they were written, not when read here
-    _, gone = d.wait_line_at(r"control: the main process is gone: holding 1.5 s")
+    said, gone = d.wait_line_at(r"control: the main process is gone: holding 1.5 s")
+    # stamped as the daemon's own lines are: time and level before the process's name
+    assert re.match(r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3} ERROR control: ", said), said
     estop = r"control: the e-stop is applied \(torque off\): the control lane exits"
     _, stopped = d.wait_line_at(estop)
     assert stopped - gone >= 1.4  # it held (in FAULT) before the e-stop

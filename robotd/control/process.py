@@ -352,7 +352,9 @@ class ControlLane:
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
-    logging.basicConfig(level=logging.INFO, format=line_start() + "control: %(message)s")
+    # as the daemon's own lines (time, level), the process named: journal lines interleave
+    fmt = line_start() + "%(asctime)s %(levelname)s control: %(message)s"
+    logging.basicConfig(level=logging.INFO, format=fmt)
     stacks = small_thread_stacks()  # before any thread starts (signals, ZeroMQ, the loop)
     stop = install_stop_signals()
     # The main process's death is not a stop: the lane holds, then e-stops (ControlLane._orphan).
