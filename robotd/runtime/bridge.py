@@ -42,6 +42,7 @@ MAX_PENDING = 64  # commands waiting for the control lane's reply
 # debugger, starved of CPU): said once, as the e-stops and faults the lane took meanwhile
 # are only read now. Far over any scheduling hiccup of a loaded 2-core machine.
 MAIN_STALL_S = 2.0
+STALL_BEAT_S = 0.1  # how often the stall watch wakes: the stall it reports is this exact
 
 
 class LaneBusy(RuntimeError):
@@ -198,6 +199,7 @@ class LaneBridge:
         on the lane's silence (`_watch_silence`)."""
         async with anyio.create_task_group() as tg:
             tg.start_soon(self._watch_silence)
+            tg.start_soon(self._watch_own_stall)
             await self._receive()
 
     async def _receive(self) -> None:
@@ -233,6 +235,24 @@ class LaneBridge:
         """How long ago the lane last spoke and whether that is a silence (the view's)."""
         return self.silence.reading(self._unread())
 
+    async def _watch_own_stall(self) -> None:
+        """Say once per stall when this process did not run for MAIN_STALL_S or more (its
+        own sleep of STALL_BEAT_S woke that much late): what the lane did meanwhile is read
+        only now. Its own short beat, so the length said is within STALL_BEAT_S of the
+        truth (the silence watch wakes a quarter of its bound apart: too coarse)."""
+        clock = self.silence.clock
+        woke = clock()
+        while True:
+            await anyio.sleep(STALL_BEAT_S)
+            now = clock()
+            late, woke = now - woke - STALL_BEAT_S, now
+            if late >= MAIN_STALL_S:
+                log.warning(
+                    "the main process was not running for %.1f s (stopped or starved of "
+                    "CPU): what the control lane did meanwhile is read only now",
+                    late,
+                )
+
     async def _watch_silence(self) -> None:
         """Warn once when the lane stays silent past its bound. Nothing else would notice:
         a stopped or hung control process sends nothing, and its last Status would go on
@@ -244,12 +264,6 @@ class LaneBridge:
             late, woke = self.silence.clock() - woke - every, self.silence.clock()
             # Woken this late, the main process itself was stopped or starved: the lane's
             # messages may not even have reached our socket yet. Judge it next round.
-            if late >= MAIN_STALL_S:
-                log.warning(
-                    "the main process was not running for %.1f s (stopped or starved of "
-                    "CPU): what the control lane did meanwhile is read only now",
-                    late,
-                )
             if late > every or self.lane_said_bye:
                 continue
             age = self.silence.declare(self._unread())
