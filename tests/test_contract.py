@@ -176,8 +176,9 @@ def test_nested_keyword_construction_names_the_key_once() -> None:
     with pytest.raises(ContractError) as info:
         Observations(streams={"top": {"at": [2]}})  # type: ignore[dict-item]
     assert str(info.value) == "observations.streams['top'].at: offset 2 > 0 (offsets must be <= 0)"
-    with pytest.raises(ContractError, match=r"^stream\.at: offset 1 > 0"):
-        Stream(at=[1])
+    # a Stream's rules are checked where it gets its key: in the Observations that holds it
+    with pytest.raises(ContractError, match=r"^observations\.streams\['top'\]\.at: offset 1 > 0"):
+        Observations(streams={"top": Stream(at=[1])})
     with pytest.raises(ContractError, match=r"^camera\.quality: 0 out of range"):
         Camera(quality=0)
 

@@ -182,8 +182,9 @@ def test_a_lost_copy_resets_the_episode_and_it_goes_on(
 def test_a_chunk_of_three_million_rows_is_refused_before_the_lane(
     worker: Worker, tmp_path: Path
 ) -> None:
-    # 72 MB go from the copy through the worker to the daemon before it can refuse them: on
-    # a loaded machine that takes seconds, which the 1 s heartbeat would call a lost worker
+    # the worker refuses the 72 MB answer before it is sent and the daemon repeats the refusal
+    # against its own bound; a long heartbeat all the same, so a loaded machine's slow
+    # refusal is never taken for a lost worker
     d = running(worker, tmp_path, "--set", "policy.heartbeat_s=30")
     worker.flag("big")
     d.wait_line(r"chunk refused: 3000000 rows, over policy\.max_chunk_rows = 1024", timeout=60)

@@ -93,7 +93,12 @@ class Camera(_Model):
 
 class Stream(_Model):
     """One observation key's schedule: `at` offsets (<= 0, each once), or `every` k, or
-    neither (the act's own step alone). Values are in the contract's unit."""
+    neither (the act's own step alone). Values are in the contract's unit.
+
+    Construction checks the fields' types (`stream.at: Input should be a valid list`); the
+    schedule's rules (`rule_problems`) are checked by the Observations holding it, so that
+    their errors name its key (`observations.streams['top'].at: offset 5 > 0`): a Stream
+    is built before the dict that names it, and does not know its key."""
 
     _where: ClassVar[str] = "stream"
     at: list[float] | None = None
@@ -105,8 +110,8 @@ class Stream(_Model):
     def _tuple_ok(cls, v: Any) -> Any:
         return list(v) if isinstance(v, tuple) else v
 
-    @model_validator(mode="after")
-    def _check(self) -> Stream:
+    def rule_problems(self) -> list[tuple[Loc, str]]:
+        """The schedule rules this stream breaks: (path below the stream, rule) pairs."""
         problems: list[tuple[Loc, str]] = []
         if self.at is not None and self.every is not None:
             problems.append(((), "at and every both set (a stream has one schedule)"))
@@ -114,9 +119,7 @@ class Stream(_Model):
             problems.append((("every",), f"every {_num(self.every)} must be > 0"))
         if self.at is not None:
             problems += [(("at",), msg) for msg in _window_problems(self.at)]
-        if problems:
-            raise _Rules(problems)
-        return self
+        return problems
 
 
 class Observations(_Model):
@@ -145,9 +148,10 @@ class Observations(_Model):
         problems: list[tuple[Loc, str]] = []
         if len(self.streams) > MAX_STREAMS:
             problems.append((("streams",), f"{len(self.streams)} streams (at most {MAX_STREAMS})"))
-        for key in self.streams:
+        for key, stream in self.streams.items():
             if not key.strip():
                 problems.append((("streams", key), "empty key (a stream needs a name)"))
+            problems += [(("streams", key, *loc), rule) for loc, rule in stream.rule_problems()]
         if self.every is not None and self.every <= 0:
             problems.append((("every",), f"every {_num(self.every)} must be > 0"))
         if self.unit == "steps":

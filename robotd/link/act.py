@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from robotd.contract import Actions
+from robotd.contract.answers import oversized
 from robotd.lane.messages import Ask, ChunkRows, Rows
 from robotd.link.chunks import ChunkLimits, ChunkRefused, prepare
 from robotd.link.client import ActResult, PolicyClient, PolicyError
@@ -140,7 +141,7 @@ class ActLink:
                 self.on_lost(a.wep, lost)  # the session resets the episode: no act_failed
                 return
             handed = exc.code in _DISPATCHED
-            reason = f"act failed: PolicyError: {exc}"
+            reason = _refused_by_worker(exc, self.limits) or f"act failed: PolicyError: {exc}"
         except (TimeoutError, OSError) as exc:
             reason = f"act failed: {type(exc).__name__}: {exc}"
         except Exception as exc:
@@ -230,3 +231,20 @@ class ActLink:
         self._prev_act.pop(wep, None)
         if self.uplink is not None:
             self.uplink.end(wep)
+
+
+def _refused_by_worker(exc: PolicyError, limits: ChunkLimits) -> str | None:
+    """For an answer the worker refused as over what any robot plays (its shape named,
+    robotd.contract.answers), the refusal in this robot's own terms, as chunks.prepare words
+    it had the rows come (this robot's bound is the tighter one); None for any other error."""
+    shape = oversized(exc.message) if exc.code == "bad_actions" else None
+    if shape is None:
+        return None
+    rows, columns = shape
+    if rows > limits.max_rows:
+        ours = f"{rows} rows, over policy.max_chunk_rows = {limits.max_rows}"
+    elif limits.dim and columns != limits.dim:
+        ours = f"{columns} columns, but this robot has {limits.dim} joints"
+    else:  # within this robot's bounds (a robot of over 64 joints): as the worker said it
+        return None
+    return f"chunk refused: {ours} (the worker's refusal: {exc.message[:300]})"

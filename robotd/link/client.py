@@ -25,6 +25,7 @@ from typing import Any
 import anyio
 
 from robotd import framed, wire
+from robotd.contract.answers import MAX_ANSWER_BYTES
 from robotd.link.dealer import DealerClosed, LoopDealer
 from robotd.link.replies import (
     PROTOCOL,
@@ -45,6 +46,11 @@ log = logging.getLogger("robotd.link")
 __all__ = ["ActResult", "Handshake", "PolicyClient", "PolicyError"]
 
 ABANDONED_KEPT = 256  # ids of requests given up (timed out), to tell a late reply from junk
+# The most a reply can legitimately be: a header (framed's own bound on one) and one chunk of
+# the most rows any robot takes (robotd.contract.answers). Far below what requests may be
+# (camera frames, up to wire.MAX_MESSAGE_BYTES): a worker that sends more cannot make the
+# daemon take in a GiB; its connection is closed (logged) as for a broken prefix.
+MAX_REPLY_BYTES = framed.MAX_HEADER_BYTES + MAX_ANSWER_BYTES
 
 
 @dataclass(slots=True)
@@ -60,11 +66,15 @@ class PolicyClient:
     """A connection to one worker's act endpoint: a ZeroMQ DEALER to its ROUTER (tcp://,
     ipc://), or a byte stream (stream+tcp://, stream+ipc://: robotd.link.stream_dealer).
 
-    `timeout_s` bounds every call (overridable per act). Not thread-safe: use it from the
-    event loop's thread. `close()` is idempotent.
+    `timeout_s` bounds every call (overridable per act). `max_reply_bytes` bounds one reply
+    (a byte stream: the whole message; ZeroMQ: each frame, ZMQ_MAXMSGSIZE); a larger one
+    closes the connection, and the requests it held time out. Not thread-safe: use it from
+    the event loop's thread. `close()` is idempotent.
     """
 
-    def __init__(self, endpoint: str, *, timeout_s: float = 10.0) -> None:
+    def __init__(
+        self, endpoint: str, *, timeout_s: float = 10.0, max_reply_bytes: int = MAX_REPLY_BYTES
+    ) -> None:
         self.endpoint = endpoint
         self.timeout_s = timeout_s
         self.late_replies = 0  # replies to requests already given up (timed out): dropped
@@ -72,7 +82,7 @@ class PolicyClient:
         self._abandoned: deque[int] = deque(maxlen=ABANDONED_KEPT)
         kind = StreamDealer if is_stream(endpoint) else LoopDealer
         self._dealer: LoopDealer | StreamDealer = kind(
-            endpoint, self._dispatch, max_message_bytes=wire.MAX_MESSAGE_BYTES
+            endpoint, self._dispatch, max_message_bytes=max_reply_bytes
         )
         self._ids = itertools.count(1)
         self._pending: dict[int, _Pending] = {}

@@ -16,6 +16,7 @@ import numpy as np
 
 from robotd import framed
 from robotd.contract import Actions, ContractError, Observations
+from robotd.contract.answers import dtype_problem
 from robotd.finite import all_finite
 
 PROTOCOL = 2  # the newest this client speaks (robotd.framed); it speaks 1 too
@@ -81,7 +82,7 @@ class Handshake:
 
 @dataclass(slots=True)
 class ActResult:
-    """A chunk: row i of `actions` (H x D, finite, in the policy's own numeric dtype,
+    """A chunk: row i of `actions` (H x D, finite, in the policy's own float dtype,
     read-only: robotd.link.chunks.prepare makes the float64 rows) is meant for step
     `step + i`."""
 
@@ -227,7 +228,8 @@ def parse_act_result(
     result: dict[str, Any] | ActFields, episode: str, step: int, rtt_ms: float
 ) -> ActResult:
     """An act's result (a map, or decoded typed by decode_act_reply) checked: its rows a
-    2-D numeric array of finite values, its step and episode the ones asked for."""
+    2-D float array of finite values (robotd.contract.answers), its step and episode the
+    ones asked for."""
     if type(result) is ActFields:
         got = result
     else:
@@ -236,9 +238,12 @@ def parse_act_result(
         except msgspec.ValidationError as err:
             raise bad_reply("act", str(framed.field_error(str(err)))) from None
     rows = got.actions
-    if not isinstance(rows, np.ndarray) or rows.ndim != 2 or rows.dtype.kind not in "biuf":
+    if not isinstance(rows, np.ndarray) or rows.ndim != 2:
         shape = rows.shape if isinstance(rows, np.ndarray) else type(rows).__name__
         raise bad_reply("act", f"field 'actions': not a 2-D numeric array ({shape})")
+    problem = dtype_problem(rows.dtype)  # a bool mask or integers are never played as radians
+    if problem is not None:
+        raise bad_reply("act", f"field 'actions': {problem}")
     if rows.shape[0] < 1 or rows.shape[1] < 1:
         raise bad_reply("act", f"field 'actions': empty chunk of shape {rows.shape}")
     if not all_finite(rows):  # kept as it came: prepare converts it once

@@ -12,7 +12,9 @@ class Episode(str):
     policy written when infer was handed the id keeps working.
 
     - `id`: the worker-side episode id (the daemon makes a new one after a reset).
-    - `steps`: acts of this episode answered so far (0 during its first act).
+    - `steps`: acts of this episode answered so far (0 during its first act): counted when
+      an answer is accepted, so an act whose infer raised or whose answer was refused is
+      not; control steps are not counted (one act answers a chunk of them).
     - `state`: a dict the policy owns: kept across the episode's acts, fresh for the next
       episode (and for an episode restarted in a new copy after its copy was lost).
     - `params`: the inference parameters in effect for this episode (read-only; a `params`

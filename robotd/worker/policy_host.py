@@ -22,7 +22,7 @@ The policy API (what `robotd serve MODULE:CLASS` loads)::
   the act's own step last; each dict holds only the keys read at that step). Arrays in the
   inputs are read-only (copy before modifying).
 - `episode`, if infer (or reset, or on_episode_end) takes it, is the episode's
-  robotd.worker.episode.Episode: its id (it is also that string), `steps` answered so far,
+  robotd.worker.episode.Episode: its id (it is also that string), `steps` (acts answered),
   a `state` dict the policy owns for the episode, and its `params`.
 - `rtc` (real-time chunking) is passed to a policy whose infer names an `rtc` keyword, or
   that declares `Actions(rtc=True)`, with every act that carries it (realtime timing):
@@ -33,8 +33,11 @@ The policy API (what `robotd serve MODULE:CLASS` loads)::
 - Keyword arguments of infer with defaults (other than `episode`, `rtc`) are inference parameters
   (robotd.worker.params): listed in hello, set by a `params` request, in effect from the next
   episode on. infer is called with the values set for its episode.
-- `infer` returns an (H, D) array or list of rows (row i meant for step t + i), or, when
-  `actions.key` is declared, a mapping holding it under that key. H, D >= 1, finite numbers.
+- `infer` returns an (H, D) array of floats or a list of rows of numbers (row i meant for
+  step t + i), or, when `actions.key` is declared, a mapping holding it under that key.
+  H, D >= 1, finite values; bool and integer arrays are refused (no joint targets), and so is
+  an answer over what any robot plays (robotd.contract.answers: 4096 rows, 64 columns),
+  before it leaves the worker.
 - Calls come from one thread, one at a time: the policy needs no locking.
 """
 
@@ -49,6 +52,7 @@ from typing import Any
 import numpy as np
 
 from robotd.contract import Actions, Observations
+from robotd.contract.answers import dtype_problem, size_problem
 from robotd.finite import all_finite
 from robotd.wire import wire_name
 from robotd.worker.episode import Episode
@@ -65,6 +69,7 @@ from robotd.worker.policy_load import (
 log = logging.getLogger("robotd.worker")
 
 ENDED_KEPT = 4096  # ended episode ids remembered, so a late act for one is refused
+MAX_ERROR_TEXT = 2000  # characters of an exception's text said in a policy_error reply
 
 __all__ = ["BadActions", "PolicyCallError", "PolicyHost", "PolicyLoadError", "check_actions"]
 
@@ -236,13 +241,18 @@ def _call(what: str, fn: Any, *args: Any, **kwargs: Any) -> Any:
         raise
     except Exception as err:
         log.error("policy %s raised:\n%s", what, traceback.format_exc())
-        raise PolicyCallError("policy_error", f"{what} raised {type(err).__name__}: {err}") from err
+        text = str(err)
+        if len(text) > MAX_ERROR_TEXT:  # it goes to the daemon, whose replies are bounded
+            text = f"{text[:MAX_ERROR_TEXT]}... ({len(text)} characters)"
+        message = f"{what} raised {type(err).__name__}: {text}"
+        raise PolicyCallError("policy_error", message) from err
 
 
 def check_actions(answer: Any, actions: Actions | None) -> np.ndarray:
-    """infer's answer -> (H, D) array, or BadActions naming what is wrong. The rows keep the
-    policy's dtype (float32 travels as float32; the daemon converts once, robot-side);
-    only a dtype the wire does not carry (float128, ...) becomes float64."""
+    """infer's answer -> (H, D) array, or BadActions naming what is wrong (the rules of
+    robotd.contract.answers). The rows keep the policy's float dtype (float32 travels as
+    float32; the daemon converts once, robot-side); a list's rows and a float the wire does
+    not carry (float128) become float64."""
     key = actions.key if actions is not None else None
     if type(answer) is np.ndarray and key is None:  # the usual answer: no Mapping check
         return _checked_rows(answer, "answer")
@@ -258,7 +268,7 @@ def check_actions(answer: Any, actions: Actions | None) -> np.ndarray:
         if key not in answer:
             raise BadActions(
                 f"infer's answer has no field {key!r} (actions.key); "
-                f"fields: {sorted(map(str, answer))[:10]}"
+                f"fields: {[k[:64] for k in sorted(map(str, answer))[:10]]}"
             )
         answer, where = answer[key], f"answer[{key!r}]"
     elif isinstance(answer, Mapping):
@@ -275,20 +285,30 @@ def check_actions(answer: Any, actions: Actions | None) -> np.ndarray:
         rows = np.asarray(answer)
     except (ValueError, TypeError) as err:
         raise BadActions(f"{where}: not an array of rows ({err})") from None
-    return _checked_rows(rows, where)
+    return _checked_rows(rows, where, listed=isinstance(answer, list | tuple))
 
 
-def _checked_rows(rows: np.ndarray, where: str) -> np.ndarray:
-    """`rows` checked (numeric, H x D, finite) and copied in their own dtype."""
-    if rows.dtype.kind not in "biuf":
-        raise BadActions(f"{where}: dtype {rows.dtype} is not numeric")
+def _checked_rows(rows: np.ndarray, where: str, listed: bool = False) -> np.ndarray:
+    """`rows` checked (floats, H x D, within what any robot plays, finite) and copied in their
+    own dtype. `listed`: they came as a list of rows, which has no dtype of its own, so its
+    integer numbers are read as floats (bools still are no joint targets)."""
+    as_floats = listed and rows.dtype.kind in "iu"
+    problem = None if as_floats else dtype_problem(rows.dtype)
+    if problem is not None:
+        raise BadActions(f"{where}: {problem}")
     if rows.ndim != 2:
         raise BadActions(f"{where}: shape {rows.shape} is not 2-D (H rows x D values)")
     if rows.shape[0] < 1 or rows.shape[1] < 1:
         raise BadActions(f"{where}: shape {rows.shape} is empty (need H >= 1, D >= 1)")
+    # Before any copy: a runaway answer is refused here, never carried to the daemon (which
+    # would have to take in all of it to refuse it, the robot holding meanwhile).
+    problem = size_problem(rows.shape, 8 if as_floats else rows.dtype.itemsize)
+    if problem is not None:
+        raise BadActions(f"{where}: {problem}")
     # A copy (the policy may reuse its buffer while the answer travels), in its own dtype.
     # (wire_name, not dtype.name: numpy computes that name in Python, ~4 µs an act)
-    rows = rows.copy() if wire_name(rows.dtype) is not None else rows.astype(np.float64)
+    keep = not as_floats and wire_name(rows.dtype) is not None
+    rows = rows.copy() if keep else rows.astype(np.float64)
     if not all_finite(rows):
         i, j = (int(k) for k in np.argwhere(~np.isfinite(rows))[0])
         raise BadActions(f"{where}: row {i} column {j} is {rows[i, j]} (must be finite)")

@@ -33,6 +33,7 @@ from typing import Any
 import numpy as np
 
 from robotd.contract import Camera
+from robotd.contract.answers import dtype_problem
 from robotd.frames import FrameError, fit_and_encode
 from robotd.link.openpi.errors import BadReply, RequestError
 from robotd.link.openpi.options import (
@@ -190,10 +191,13 @@ def parse_reply(actions: ActionsMap, reply: Any, joints: int) -> Answer:
 
 
 def _rows(raw: Any, key: str) -> np.ndarray:
-    """The H x D float64 rows of the reply's field, checked."""
+    """The H x D float64 rows of the reply's field, checked: an array of floats (a bool or
+    integer one is no joint targets: robotd.contract.answers), or a list of rows of numbers
+    (a list has no dtype: its integers are read as floats, its bools refused)."""
     if isinstance(raw, np.ndarray):
-        if raw.dtype.kind not in "biuf":
-            raise BadReply(f"field {key!r}: dtype {raw.dtype} is not numeric")
+        problem = dtype_problem(raw.dtype)
+        if problem is not None:
+            raise BadReply(f"field {key!r}: {problem}")
         arr = raw
     elif isinstance(raw, list):
         arr = _rows_from_list(raw, key)
