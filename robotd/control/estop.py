@@ -15,7 +15,6 @@ import contextlib
 import time
 from collections.abc import Callable
 
-import msgspec
 import zmq
 
 from robotd.control.kernel import Kernel
@@ -82,9 +81,9 @@ class EstopDesk:
 
     def ack(self, written_ns: int) -> None:
         """Answer the latched e-stops: written at `written_ns`, or not (`failed()`)."""
-        reply = written_reply(None, self.kernel.status(), written_ns, self.failed())
+        status, failed = self.kernel.status(), self.failed()
         for ident, rid in self.pending:
-            self._answer(ident, msgspec.structs.replace(reply, id=rid))
+            self._answer(ident, written_reply(rid, status, written_ns, failed))
         self.pending.clear()
 
     def _answer(self, ident: bytes, reply: Reply) -> None:
