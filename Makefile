@@ -5,7 +5,8 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 ARGS ?=
 # pytest workers: the suite mostly waits on real processes and deadlines, so 2 workers on
-# 2 cores halve its wall time (JOBS=0 runs it in one process).
+# 2 cores halve its wall time (JOBS=0 runs it in one process). Each file runs whole, in
+# order, on one worker (--dist loadfile): a module's tests share its daemon, in sequence.
 JOBS ?= 2
 
 .PHONY: run test lint bench clean
@@ -21,7 +22,7 @@ run: $(STAMP)
 
 test: $(STAMP)
 	$(PY) -m ruff check .
-	$(PY) -m pytest -q -p no:cacheprovider -n $(JOBS) $(PYTEST_ARGS)
+	$(PY) -m pytest -q -p no:cacheprovider -n $(JOBS) --dist loadfile $(PYTEST_ARGS)
 
 lint: $(STAMP)
 	$(PY) -m ruff check .

@@ -151,6 +151,23 @@ def test_estop_category_1_holds_then_turns_torque_off_and_clear_reanchors():
     assert np.allclose(target, rig.pos)  # holds where it is, no jump back
 
 
+def test_a_category_1_stop_says_how_long_before_torque_goes_off():
+    rig = started()
+    rig.tick()
+    assert rig.k.status().stopping_s is None  # no stop under way
+    st = rig.k.command("estop", "test")
+    assert st.torque and st.stopping_s == pytest.approx(15 * rig.k.dt, abs=1e-3)  # 0.5 s
+    said = [st.stopping_s]
+    while rig.k.torque_on:
+        rig.tick()
+        said.append(rig.k.status().stopping_s)
+    assert said[-1] is None and not rig.k.status().torque
+    counting = said[:-1]
+    assert counting == sorted(counting, reverse=True) and len(counting) == round(0.5 / rig.k.dt)
+    rig.k.command("estop", "again")  # torque already off: nothing to count down
+    assert rig.k.status().stopping_s is None
+
+
 def test_estop_category_0_is_torque_off_at_once():
     rig = started("safety.estop_category=0")
     rig.tick()

@@ -209,3 +209,13 @@ def test_a_running_robot_without_fresh_frames_says_why_it_holds() -> None:
     assert "c3 (+2 more)" in many and "c4" not in many
     assert "fresh" not in state_words({"state": "RUNNING", "stale_cameras": []})
     assert "\x1b" not in state_words({"state": "RUNNING", "stale_cameras": ["\x1b[2J"]})
+
+
+def test_torque_during_a_controlled_stop_says_it_is_going_off() -> None:
+    stopping = humane.status({"state": "FAULT", "torque": True, "stopping_s": 0.43})
+    assert "torque   on — controlled stop (e-stop): off in 0.4 s" in stopping
+    assert "torque   off" in humane.status({"state": "FAULT", "torque": False, "stopping_s": 1})
+    for bad in (None, "0.4", True, -1.0, float("nan"), float("inf"), 1e300):
+        words = humane.status({"state": "FAULT", "torque": True, "stopping_s": bad})
+        assert "torque   on\n" in words + "\n", (bad, words)
+    assert "torque   —" in humane.status({"state": "IDLE", "torque": "yes"})

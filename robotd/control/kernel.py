@@ -140,11 +140,13 @@ class Kernel:
 
     def status(self) -> Status:
         m, pb = self.machine, self.playback
+        left = self.latch.torque_off_in(self.counters.ticks)
         # `step`: the operator episode's (it only grows while the episode runs)
         return Status(
             str(m.state), m.episode, self.wep, self.episode_steps, m.outcome, self.latch.shown(),
             len(pb.queue), pb.in_flight is not None, self.latch.torque_on, self.task,
             self.recorder.stale if m.state is State.RUNNING else (),
+            None if left is None else round(left * self.dt, 3),
         )
 
     def set_contract(self, open_loop_horizon: int | None, rtc: bool = False) -> None:

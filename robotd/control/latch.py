@@ -97,6 +97,13 @@ class FaultLatch:
             self._torque_off_at = None
             self._torque(False)
 
+    def torque_off_in(self, tick: int) -> int | None:
+        """Ticks left, at `tick`, of a category-1 stop before torque goes off; None when no
+        stop is under way (torque already off, or no e-stop)."""
+        if self._torque_off_at is None:
+            return None
+        return max(0, self._torque_off_at - tick)
+
     def _torque(self, on: bool) -> None:
         if self.torque_on != on:
             self.torque_on = on

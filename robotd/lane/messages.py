@@ -276,6 +276,9 @@ class Status(_Msg, tag="state"):
     # while RUNNING: the cameras whose newest frame was missing or older than max_age_ms at
     # the last step (no act is asked from such a step: why the robot holds, said)
     stale_cameras: Annotated[tuple[Ident, ...], msgspec.Meta(max_length=MAX_CAMERAS)] = ()
+    # a category-1 e-stop's controlled stop under way: seconds before torque goes off (an
+    # e-stop's answer shows torque still on; this says it is going off, and when)
+    stopping_s: Annotated[float, msgspec.Meta(ge=0)] | None = None
 
 
 class Stats(_Msg, tag="stats"):

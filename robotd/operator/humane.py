@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from robotd.operator.words import printable, state_words
+from robotd.operator.words import printable, state_words, torque_words
 
 MAX_LINES = 400
 
@@ -112,7 +112,7 @@ def status(result: dict[str, Any]) -> str:
         flight = "  act in flight" if result.get("in_flight") is True else ""
         lines.append(f"queue    {result['queue']} rows{flight}")
     if "torque" in result:
-        lines.append(f"torque   {'on' if result['torque'] is True else 'off'}")
+        lines.append(f"torque   {torque_words(result)}")
     if result.get("via") == "lane.sock":
         lines.append("via      lane.sock: the main process did not answer, the control lane did")
     if isinstance(result.get("link"), dict) and result["link"]:

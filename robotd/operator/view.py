@@ -18,7 +18,7 @@ from rich.console import Group
 from rich.table import Table
 from rich.text import Text
 
-from robotd.operator.words import fault_words, is_estop, printable, state_words
+from robotd.operator.words import fault_words, is_estop, printable, state_words, torque_words
 
 STATE_STYLE = {
     "RUNNING": "bold green",
@@ -121,8 +121,7 @@ def _counters(msg: dict[str, Any]) -> Table:
         t.add_row("link", words)
     else:
         t.add_row("link", Text("worker link state not reported by this daemon", style="dim"))
-    torque = _get(state, "torque")
-    t.add_row("torque", "on" if torque is True else "off" if torque is False else "—")
+    t.add_row("torque", torque_words(state))
     return t
 
 

@@ -109,3 +109,16 @@ def state_words(state: Any) -> str:
     if name in ("ENDED", "RESETTING"):  # the one state that waits on the operator silently
         parts.append("— reset_done when the robot is back at the start")
     return " ".join(parts)
+
+
+def torque_words(state: Any) -> str:
+    """'on', 'off', or 'on — controlled stop (e-stop): off in 0.4 s' while a category-1
+    e-stop holds the arm before torque goes off ('—' when the daemon did not say)."""
+    if not isinstance(state, dict) or not isinstance(state.get("torque"), bool):
+        return "—"
+    if not state["torque"]:
+        return "off"
+    left = state.get("stopping_s")
+    if isinstance(left, int | float) and not isinstance(left, bool) and 0 <= left < 1e6:
+        return f"on — controlled stop (e-stop): off in {left:.1f} s"
+    return "on"
