@@ -116,23 +116,27 @@ class PtyWatch:
         os.killpg(self.proc.pid, signal.SIGINT)
 
     def close(self) -> int:
+        """Press q and wait for the exit, reading the screen meanwhile: a watch whose
+        output nobody reads blocks on its terminal and could never see the key."""
         if self.proc.poll() is None:
             self.press("q")
-        try:
-            code = self.proc.wait(20)
-        except subprocess.TimeoutExpired:
+        deadline = time.monotonic() + 20
+        while self.proc.poll() is None and time.monotonic() < deadline:
+            self._drain(0.1)
+        if self.proc.poll() is None:
             self.proc.kill()
-            code = self.proc.wait(5)
-        try:
-            while True:
-                ready, _, _ = select.select([self.master], [], [], 0.1)
-                if not ready:
-                    break
-                data = os.read(self.master, 65536)
-                if not data:
-                    break
-                self.raw += data
-        except OSError:
-            pass
+        code = self.proc.wait(5)
+        self._drain(0.1)
         os.close(self.master)
         return code
+
+    def _drain(self, wait_s: float) -> None:
+        """Read what the watch wrote, until nothing more comes within `wait_s`."""
+        try:
+            while select.select([self.master], [], [], wait_s)[0]:
+                data = os.read(self.master, 65536)
+                if not data:
+                    return
+                self.raw += data
+        except OSError:  # the process is gone and the pty closed
+            pass

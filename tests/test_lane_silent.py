@@ -61,6 +61,18 @@ def test_a_silence_is_declared_once_past_the_bound_and_its_end_measured() -> Non
     assert s.declare() == 3.0  # a second silence is a new one
 
 
+def test_the_served_reading_agrees_with_itself_at_the_rounding_edge() -> None:
+    # A bound of 64 / 30 s and an age a fraction of a millisecond past it: the age served
+    # (rounded to 2.133) must not sit at or under the bound while the reading says silent.
+    clock = FakeClock()
+    s = LaneSilence(64 / 30, clock)
+    s.heard()
+    for extra in (0.0, 0.0001, 0.0004, 0.0005, 0.0006, 0.001, 0.01):
+        clock.now = 100.0 + 64 / 30 + extra
+        r = s.reading()
+        assert r["lane_silent"] is (r["lane_age_s"] > r["lane_silent_after_s"]), (extra, r)
+
+
 def test_unread_messages_are_not_a_silence_of_the_lane() -> None:
     clock = FakeClock()
     s = LaneSilence(2.0, clock)

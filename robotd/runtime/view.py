@@ -77,9 +77,10 @@ class LaneSilence:
         age = self.age()
         if age is None:
             return {}
+        served = round(age, 3)
         return {
-            "lane_age_s": round(age, 3),
-            "lane_silent": self._over(age, pending),  # judged on the age served
+            "lane_age_s": served,
+            "lane_silent": self._over(served, pending),  # judged on the age served, rounded
             "lane_silent_after_s": self.after_s,
         }
 
