@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import asyncio
 import logging
-import os
 import time
 from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass
@@ -17,18 +15,17 @@ from robotd.contract import Actions, Observations
 from robotd.link.act import ActLink
 from robotd.link.chunks import ChunkLimits, ChunkRefused
 from robotd.link.client import Handshake, PolicyClient, PolicyError
+from robotd.link.peer import diagnose
 from robotd.link.posts import UplinkLimits
 from robotd.link.steps import LinkCounters, RingFrames, StepReader, StepRing
 from robotd.link.uplink import Uplink
 from robotd.link.windows import WindowPlanner
 from robotd.shm import FrameRing
-from robotd.stream import zmtp
 from robotd.stream.endpoint import port_problem, worker_problem
 
 log = logging.getLogger("robotd.link")
 
 HELLO_DEADLINE_S = 30.0
-GREETING_WAIT_S = 0.5  # a ZeroMQ socket greets a connection at once: this is generous
 
 
 class StartupError(RuntimeError):
@@ -75,7 +72,14 @@ async def hello(
 ) -> tuple[PolicyClient, Handshake]:
     """Say hello until the worker answers, `wait_s` at most; StartupError when it died,
     answers wrongly or never answers, naming `source` (where the endpoint came from:
-    `policy.worker`, `--worker`, the local worker) and why."""
+    `policy.worker`, `--worker`, the local worker) and why.
+
+    After the first unanswered hello, what is at the endpoint is looked at once
+    (robotd.link.peer.diagnose) and logged: "no answer yet (why)". When the peer says it
+    is no worker (a ZeroMQ socket of another type, or one asking for security) that is a
+    warning, and the wait still goes on to `wait_s`: the answer is known but may not
+    last, since a worker may take the port over (one restarting, its old holder gone);
+    the StartupError at the end looks again and says what is there then."""
     deadline = time.monotonic() + wait_s
     where = f"policy worker at {endpoint} ({source})"
     first = True
@@ -92,77 +96,25 @@ async def hello(
             if failed:
                 raise StartupError(f"{failed} (policy {cfg.policy.serve})") from None
             if time.monotonic() >= deadline:
-                why = await unreachable(endpoint) or str(exc) or type(exc).__name__
+                why = await unreachable(endpoint, source) or str(exc) or type(exc).__name__
                 raise StartupError(
                     f"{where} did not answer hello within {wait_s:g} s: {why}"
                 ) from None
             if first:
                 first = False
-                why = await unreachable(endpoint) or str(exc) or type(exc).__name__
-                log.info("%s: no answer yet (%s): waiting up to %g s", where, why, wait_s)
+                told = await diagnose(endpoint, source)
+                # A peer that says it is no worker is a mistake to fix, said at once; the
+                # wait goes on all the same: a worker may yet take the port over.
+                level = logging.WARNING if told.not_worker else logging.INFO
+                why = told.text or str(exc) or type(exc).__name__
+                log.log(level, "%s: no answer yet (%s): waiting up to %g s", where, why, wait_s)
             await anyio.sleep(max(0.0, min(0.2, deadline - time.monotonic())))
 
 
-async def unreachable(endpoint: str) -> str:
-    """Why no ZeroMQ socket answers at a ZeroMQ endpoint (which does not say itself):
-    "connection refused" for a tcp port or socket file with no listener, "no socket file"
-    for an ipc path; for a listener that accepts a connection but sends no ZeroMQ greeting
-    (a ZeroMQ socket sends one at once), that, naming the stream endpoint it may be. ""
-    when a ZeroMQ socket is there (or for other endpoints)."""
-    if endpoint.startswith("ipc://"):
-        path = endpoint.removeprefix("ipc://")
-        if not os.path.exists(path):
-            return f"no socket file {path}"
-        where = f"the socket {path}"
-    elif endpoint.startswith("tcp://"):
-        host, _, port = endpoint.removeprefix("tcp://").rpartition(":")
-        where = f"{host}:{port}"
-    else:
-        return ""
-    try:
-        with anyio.fail_after(1.0):  # asyncio's: anyio's connect_tcp hides the errno
-            if endpoint.startswith("ipc://"):
-                reader, writer = await asyncio.open_unix_connection(path)
-            else:
-                reader, writer = await asyncio.open_connection(host.strip("[]"), int(port))
-    except TimeoutError:
-        return f"no connection to {where} within 1 s"
-    except (OSError, ValueError) as exc:
-        code = getattr(exc, "errno", None)
-        text = os.strerror(code) if isinstance(code, int) and code > 0 else str(exc)
-        return (text or type(exc).__name__).lower()
-    try:
-        return await _no_greeting(endpoint, reader)
-    finally:
-        writer.close()
-
-
-async def _no_greeting(endpoint: str, reader: asyncio.StreamReader) -> str:
-    """Why what answers on this connection to `endpoint` is no ZeroMQ socket (its first
-    bytes are no ZMTP signature, robotd.stream.zmtp), "" when it is one. At most the
-    signature's 10 bytes are read, for at most GREETING_WAIT_S."""
-    head = b""
-    ended = False
-    with anyio.move_on_after(GREETING_WAIT_S):
-        while zmtp.verdict(head) is None:
-            more = await reader.read(zmtp.SIGNATURE_SIZE - len(head))
-            if not more:
-                ended = True
-                break
-            head += more
-    if zmtp.verdict(head):
-        return ""
-    kind = "a TCP connection" if endpoint.startswith("tcp://") else "a connection"
-    if head:
-        came = f"answered with bytes that are no ZeroMQ greeting ({head.hex(' ')})"
-    elif ended:
-        came = "closed it with no ZeroMQ greeting"
-    else:
-        came = f"sent no ZeroMQ greeting within {GREETING_WAIT_S:g} s"
-    return (
-        f"the endpoint accepted {kind} but {came}: not a ZeroMQ socket (a worker on "
-        f"robotd's stream framing? connect with {zmtp.stream_endpoint(endpoint)})"
-    )
+async def unreachable(endpoint: str, source: str = "policy.worker") -> str:
+    """Why no robotd worker's ROUTER answers at a ZeroMQ endpoint (which ZeroMQ does not
+    say): robotd.link.peer.diagnose's words, "" when a ROUTER is there."""
+    return (await diagnose(endpoint, source)).text
 
 
 def worker_endpoint_problem(link: str, endpoint: str) -> str | None:
