@@ -124,8 +124,13 @@ def test_malformed_requests_get_an_error_and_change_nothing(daemon, client, payl
 
 
 def test_verdict_stats_params(client):
+    client.request("clear_fault")  # an episode of its own: this test runs alone too
+    episode = client.request("start")["result"]["episode"]
+    assert client.request("stop")["result"]["state"] == "ENDED"
     v = client.request("verdict", {"success": True, "notes": "clean grasp", "replace": True})
     assert v["result"]["success"] is True and v["result"]["notes"] == "clean grasp"
+    assert v["result"]["episode"] == episode
+    client.request("reset_done")
     stats = client.request("stats")["result"]
     assert stats["ticks"] > 0 and stats["verdicts"][-1]["notes"] == "clean grasp"
     assert client.request("params")["result"]["config"]["control"]["hz"] == 30
