@@ -4,7 +4,9 @@ deliver, an arm's port that names no device or a calibration missing or not this
 the driver's `preflight`; a local worker's policy that cannot be found), then the
 resolved config. Each problem names its key and source as load's own errors do
 (`Loaded.blame`: the --set that gave the key or made its table, else the file). Nothing
-is opened or moved: check runs beside the daemon it is about to replace."""
+is opened or moved: check runs beside the daemon it is about to replace. `--probe` is the
+exception, asked for by name: it opens the arm's port and reads (never writes) its servos
+(robotd.check_probe)."""
 
 from __future__ import annotations
 
@@ -15,8 +17,10 @@ from pathlib import Path
 from robotd.config import Loaded
 
 
-def check(loaded: Loaded) -> int:
-    """Exit 2 with one line per problem, else print the resolved config and exit 0."""
+def check(loaded: Loaded, probe: dict[str, bool] | None = None) -> int:
+    """Exit 2 with one line per problem, else print the resolved config and exit 0. With
+    `probe` (its keyword arguments: scan, as_json) the servo arm's bus is read after the
+    config's problems are known instead (robotd.check_probe), nothing written."""
     from robotd.config import runtime_dir
     from robotd.runtime.rundir import RunDirError, check_run_dir
 
@@ -30,6 +34,10 @@ def check(loaded: Loaded) -> int:
 
     problems = joint_problems(loaded) + camera_problems(loaded)
     problems += [p for p in (policy_problem(loaded),) if p is not None]
+    if probe is not None:
+        from robotd.check_probe import probe_check
+
+        return probe_check(loaded, problems, **probe)
     for line in problems:
         print(f"robotd: {line}", file=sys.stderr)
     if problems:

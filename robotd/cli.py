@@ -66,9 +66,7 @@ def _parser() -> argparse.ArgumentParser:
         help="print it even when PREFIX/bin/robotd is not an executable file (yet)",
     )
 
-    check = sub.add_parser("check", help="validate a robot config and print it resolved")
-    check.add_argument("--config", type=Path, default=DEFAULT_CONFIG)
-    check.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
+    _check_parser(sub.add_parser("check", help="validate a robot config and print it resolved"))
 
     # listed for --help; main() hands their arguments to robotd.trace.cli before parsing
     for name, text in (
@@ -79,6 +77,26 @@ def _parser() -> argparse.ArgumentParser:
     ):
         sub.add_parser(name, help=text, add_help=False).add_argument("rest", nargs="...")
     return p
+
+
+def _check_parser(check: argparse.ArgumentParser) -> None:
+    """`robotd check`'s options: the config's, and the read-only probe's."""
+    check.add_argument("--config", type=Path, default=DEFAULT_CONFIG)
+    check.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
+    check.add_argument(
+        "--probe",
+        action="store_true",
+        help="servo arms (dynamixel, feetech): after the config checks, open the port and "
+        "READ ONLY (never a register written, never torque on; stop a running daemon "
+        "first) ping each joint's servo ID, read its model and its position against the "
+        "calibrated range; a silent ID has the bus scanned for the IDs that answer",
+    )
+    check.add_argument(
+        "--no-scan", action="store_true", help="with --probe: do not scan the bus for IDs"
+    )
+    check.add_argument(
+        "--json", action="store_true", help="with --probe: one JSON object on the last line"
+    )
 
 
 def _serve_parser(serve: argparse.ArgumentParser) -> None:
@@ -190,6 +208,16 @@ def _print_unit(args: argparse.Namespace) -> int:
         return 2
     print(render_unit(args.prefix, config=args.config), end="")
     return 0
+
+
+def _check(args: argparse.Namespace, loaded: Loaded) -> int:
+    """`robotd check`, with --probe's options only beside --probe."""
+    from robotd.check import check
+
+    if (args.no_scan or args.json) and not args.probe:
+        print("robotd: check: --no-scan and --json go with --probe", file=sys.stderr)
+        return 2
+    return check(loaded, {"scan": not args.no_scan, "as_json": args.json} if args.probe else None)
 
 
 def _load_checked(args: argparse.Namespace) -> Loaded:
@@ -308,9 +336,7 @@ def _main(argv: list[str] | None = None) -> int:
         _say(exc)
         return 2
     if args.command == "check":
-        from robotd.check import check
-
-        return check(loaded)
+        return _check(args, loaded)
     cfg = loaded.config
     if cfg.control.clock == "virtual":
         print(

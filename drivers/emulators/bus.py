@@ -74,6 +74,9 @@ class Emulator:
         self._thread: threading.Thread | None = None
         self._free_at = 0.0
         self.instructions = 0  # instruction packets handled
+        # (packet ID, instruction) of each instruction handled, in order: what a client sent
+        # (a test asserts a read-only client never wrote)
+        self.received: list[tuple[int, int]] = []
 
     # ---- control -----------------------------------------------------------------------
 
@@ -137,6 +140,7 @@ class Emulator:
             outs = self.device.handle(frame, received, self.faults)
             echo = self.faults.active(0, "echo")
             self.instructions += 1
+            self.received.append((frame.ident, frame.head))
         at = max(received, self._free_at) + self._wire(len(frame.raw))
         if echo:
             self._send(frame.raw, at)

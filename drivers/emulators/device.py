@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from drivers.emulators.faults import Fault
@@ -58,3 +59,30 @@ class Device(ABC):
 def corrupt(data: bytes) -> bytes:
     """The same packet with a wrong checksum/CRC."""
     return data[:-1] + bytes(((data[-1] ^ 0x5A) or 1,))
+
+
+def status_bytes(
+    ident: int, data: bytes, faults: Faults, build: Callable[[int, bytes], bytes]
+) -> bytes:
+    """Servo `ident`'s status holding `data` (`build(claimed_id, data)` makes the packet)
+    as its faults make it: another ID claimed (wrong_id), a data byte short (short), a bad
+    checksum (checksum), or noise (garbage)."""
+    claimed = wrong_id(ident) if faults.active(ident, "wrong_id") else ident
+    if data and faults.active(ident, "short"):
+        data = data[:-1]
+    raw = build(claimed, data)
+    if faults.active(ident, "checksum"):
+        raw = corrupt(raw)
+    if faults.active(ident, "garbage"):
+        raw = garbage(len(raw))
+    return raw
+
+
+def garbage(n: int) -> bytes:
+    """`n` bytes that hold no packet of either family (no 0xFF: no header can start)."""
+    return bytes((0x55 + 7 * i) & 0x7F for i in range(n))
+
+
+def wrong_id(ident: int) -> int:
+    """The ID a `wrong_id` reply claims: another servo's, never the broadcast ID."""
+    return (ident + 100) % 253

@@ -14,7 +14,7 @@ import struct
 
 from drivers.dynamixel import packet as p
 from drivers.dynamixel import table as t
-from drivers.emulators.device import Device, Faults, Out, corrupt
+from drivers.emulators.device import Device, Faults, Out, corrupt, status_bytes
 from drivers.emulators.servo import EmulatedServo
 from drivers.servo.frames import Frame
 
@@ -170,9 +170,7 @@ class DynamixelDevice(Device):
             error, data = 1, b""
         if s.table[t.HARDWARE_ERROR_STATUS]:
             error |= p.ALERT
-        raw = p.status_packet(s.ident, error, data)
-        if faults.active(s.ident, "checksum"):
-            raw = corrupt(raw)
+        raw = status_bytes(s.ident, data, faults, lambda i, d: p.status_packet(i, error, d))
         return Out(raw, s.return_delay_s)
 
     @staticmethod

@@ -6,14 +6,16 @@
 KIND: silent (no reply), checksum (a reply with a bad checksum/CRC), error (the servo
 reports a condition: Dynamixel alert with Overload in Hardware Error Status, Feetech the
 overload bit), refuse (Dynamixel: error "result fail", the instruction not carried out),
-stuff (Dynamixel: the servo's readings hold FF FF FD, so its replies need byte stuffing).
+stuff (Dynamixel: the servo's readings hold FF FF FD, so its replies need byte stuffing),
+garbage (the reply replaced by as many bytes that hold no packet), wrong_id (a well-formed
+reply claiming another servo's ID), short (a well-formed reply one data byte short).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-KINDS = ("silent", "checksum", "error", "refuse", "stuff")
+KINDS = ("silent", "checksum", "error", "refuse", "stuff", "garbage", "wrong_id", "short")
 
 
 @dataclass

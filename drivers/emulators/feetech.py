@@ -7,7 +7,7 @@ and velocity are sign-magnitude with bit 15; EEPROM (below 40) takes writes only
 
 from __future__ import annotations
 
-from drivers.emulators.device import Device, Faults, Out, corrupt
+from drivers.emulators.device import Device, Faults, Out, status_bytes
 from drivers.emulators.servo import EmulatedServo
 from drivers.feetech import packet as p
 from drivers.feetech import table as t
@@ -112,9 +112,7 @@ class FeetechDevice(Device):
         if faults.active(ident, "silent"):
             return None
         error = OVERLOAD if faults.active(ident, "error") else 0
-        raw = p.status_packet(ident, error, data)
-        if faults.active(ident, "checksum"):
-            raw = corrupt(raw)
+        raw = status_bytes(ident, data, faults, lambda i, d: p.status_packet(i, error, d))
         return Out(raw, self.servos[ident].return_delay_s)
 
     def _sync_write(self, address: int, length: int, body: bytes, now: float) -> None:
