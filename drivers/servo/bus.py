@@ -75,12 +75,14 @@ class Codec(ABC):
 
 @dataclass
 class Outcome:
-    """What one transaction got: the replies by ID, corrupt frames seen, and the IDs
-    expected that did not answer (in the order asked)."""
+    """What one transaction got: the replies by ID, corrupt frames seen, the IDs
+    expected that did not answer (in the order asked), and the IDs not asked that
+    answered meanwhile (a servo set to the wrong ID, or a late reply)."""
 
     replies: dict[int, Reply] = field(default_factory=dict)
     corrupt: list[Corrupt] = field(default_factory=list)
     missing: list[int] = field(default_factory=list)
+    strays: list[int] = field(default_factory=list)
 
 
 class BusError(Exception):
@@ -116,12 +118,15 @@ class ServoBus:
         reply_bytes: int,
         not_after_ns: int | None = None,
         data_length: int | None = None,
+        slack_s: float | None = None,
     ) -> Outcome:
         """Send `packet`, collect one reply from each ID in `expect` until the expected time
-        plus the slack has passed (and never after `not_after_ns`). A reply carrying other
-        than `data_length` bytes is a late answer to an earlier transaction and is skipped,
-        unless its error byte says the instruction was refused."""
-        wait = self.expected_seconds(len(packet), reply_bytes, len(expect)) + self.slack_s
+        plus the slack (`slack_s`, else the bus's) has passed (and never after
+        `not_after_ns`). A reply carrying other than `data_length` bytes is a late answer
+        to an earlier transaction and is skipped, unless its error byte says the
+        instruction was refused."""
+        slack = self.slack_s if slack_s is None else slack_s
+        wait = self.expected_seconds(len(packet), reply_bytes, len(expect)) + slack
         deadline_ns = time.monotonic_ns() + int(wait * 1e9)
         if not_after_ns is not None:
             deadline_ns = min(deadline_ns, not_after_ns)
@@ -146,6 +151,8 @@ class ServoBus:
                     if r.ident in wanted and not stale:
                         wanted.discard(r.ident)
                         out.replies[r.ident] = r
+                    elif r.ident not in expect:  # off the tick's path: replies not taken only
+                        out.strays.append(r.ident)
         out.missing = [i for i in expect if i not in out.replies]
         return out
 

@@ -22,7 +22,6 @@ from drivers.dynamixel import packet as dxp
 from drivers.dynamixel import table as dxt
 from drivers.feetech import table as ftt
 from drivers.servo.bus import Reply, ServoBus
-from drivers.servo.frames import Corrupt
 from drivers.servo.homing import FAMILIES, Family
 from drivers.servo.transport import SerialTransport
 
@@ -88,27 +87,17 @@ class Prober:
         """Send `packet`; the first well-formed reply of `ident`, or Unanswered naming what
         came instead (another ID, a corrupt frame, bytes that made no packet, nothing) by
         the transaction's deadline (wire time plus `slack_s`) or the probe's."""
-        bus, codec = self.bus, self.bus.codec
-        wait = bus.expected_seconds(len(packet), codec.reply_bytes(length, 1, False), 1)
-        deadline = min(time.monotonic_ns() + int((wait + slack_s) * 1e9), self.not_after_ns)
-        parser = codec.parser()
+        bus = self.bus
         before = bus.transport.bytes_in
-        bus.transport.send(packet)
-        strays: list[int] = []
-        corrupt: list[str] = []
-        while (frames := bus.transport.receive(parser, deadline)) is not None:
-            for f in frames:
-                if isinstance(f, Corrupt):
-                    corrupt.append(f.reason)
-                    continue
-                for reply in codec.replies(f):
-                    if reply.ident == ident:
-                        return reply
-                    strays.append(reply.ident)
-        if strays:
-            raise Unanswered(f"a reply from id {strays[0]}, not {ident}", strays)
-        if corrupt:
-            raise Unanswered(f"corrupt reply ({corrupt[0]})")
+        expect = bus.codec.reply_bytes(length, 1, False)
+        out = bus.transact(packet, (ident,), expect, self.not_after_ns, slack_s=slack_s)
+        reply = out.replies.get(ident)
+        if reply is not None:
+            return reply
+        if out.strays:
+            raise Unanswered(f"a reply from id {out.strays[0]}, not {ident}", out.strays)
+        if out.corrupt:
+            raise Unanswered(f"corrupt reply ({out.corrupt[0].reason})")
         if bus.transport.bytes_in > before:
             raise Unanswered(f"garbage ({bus.transport.bytes_in - before} bytes, no status packet)")
         raise Unanswered("no answer")
