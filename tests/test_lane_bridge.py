@@ -1,6 +1,7 @@
 """The main process's end of the lane (robotd.runtime.bridge.LaneBridge.run) on real ipc
 sockets: a frame that does not decode is counted and logged, a handler that raises is logged
-with its message's kind, and neither stops what comes after."""
+with its message's kind, and neither stops what comes after; an e-stop's answer that
+overtakes an older state still on the up stream is not undone by it."""
 
 from __future__ import annotations
 
@@ -13,8 +14,8 @@ import zmq
 import zmq.asyncio
 
 from robotd.lane import codec
-from robotd.lane.messages import Event, Ready
-from robotd.runtime.bridge import LaneBridge
+from robotd.lane.messages import Event, Fault, Ready, Reply, Status
+from robotd.runtime.bridge import LaneBridge, lane_endpoint
 
 
 def test_bad_frames_and_failing_handlers_are_logged_and_the_bridge_goes_on(
@@ -59,3 +60,60 @@ def test_bad_frames_and_failing_handlers_are_logged_and_the_bridge_goes_on(
     text = caplog.text
     assert text.count("bad message from the control lane") == 2
     assert "handling Event from the control lane" in text and "a handler's bug" in text
+
+
+def _said(state: str, seq: int) -> Status:
+    fault = Fault("estop", "now", False) if state == "FAULT" else None
+    return Status(state, 1, "w", 0, "", fault, 0, False, True, seq=seq)
+
+
+def test_an_estop_answer_is_not_undone_by_an_older_state_read_after_it(tmp_path: Path) -> None:
+    """The lane said IDLE on the up stream, then took an e-stop on lane.sock; the e-stop's
+    answer (FAULT) is read first, the IDLE after: the status stays FAULT, and the lane's
+    next word (newer) is taken."""
+
+    async def main() -> list[str]:
+        ctx = zmq.asyncio.Context()
+        bridge = LaneBridge(ctx, tmp_path)
+        bridge.bind()
+        lane_sock = zmq.Context.instance().socket(zmq.ROUTER)
+        lane_sock.bind(lane_endpoint(tmp_path))
+        up = zmq.Context.instance().socket(zmq.PUSH)
+        up.connect(bridge.up_ep)
+        bridge.connect()
+        seen: list[str] = []
+        marks = [anyio.Event(), anyio.Event()]
+        bridge.on(Ready, lambda msg: marks[msg.pid - 1].set())
+        try:
+            up.send(codec.encode_batch([_said("IDLE", 1)]))  # said first, read last
+
+            async def lane() -> None:
+                who, data = await anyio.to_thread.run_sync(lane_sock.recv_multipart)
+                estop = codec.decode_estop(data)
+                answer = Reply(estop.id, True, _said("FAULT", 2))
+                lane_sock.send_multipart([who, codec.encode(answer)])
+
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(lane)
+                with anyio.fail_after(30):
+                    reply = await bridge.estop("now")
+                assert reply.ok and bridge.status is not None
+                seen.append(bridge.status.state)
+                tg.start_soon(bridge.run)
+                up.send(codec.encode_batch([Ready(1, [])]))
+                with anyio.fail_after(30):
+                    await marks[0].wait()
+                seen.append(bridge.status.state)
+                up.send(codec.encode_batch([_said("IDLE", 3), Ready(2, [])]))
+                with anyio.fail_after(30):
+                    await marks[1].wait()
+                seen.append(bridge.status.state)
+                tg.cancel_scope.cancel()
+        finally:
+            up.close(linger=0)
+            lane_sock.close(linger=0)
+            bridge.close()
+            ctx.term()
+        return seen
+
+    assert anyio.run(main) == ["FAULT", "FAULT", "IDLE"]

@@ -32,9 +32,7 @@ import pytest
 from robotd.trace.reader import read_all
 from tests.policy_util import ROOT, serve_child, short_dir
 
-# --duration also bounds start-up's wait for the local worker's hello: a loaded 2-core
-# machine has taken 3 s to start the worker and its two copies, so 5 s leaves it room.
-DURATION_S = 5.0
+DURATION_S = 3.0  # counted from READY (the local worker's start is not in it)
 
 STEP_POLICY = textwrap.dedent('''
     """Rows encode the step they are meant for on the gripper; checks what was played."""

@@ -299,6 +299,9 @@ class PolicyConfig(_Model):
     max_chunk_rows: int = Field(1024, ge=1, le=4096)
     # no answer to the worker's heartbeat this long: gone (the robot holds, reconnect)
     heartbeat_s: float = Field(2.0, gt=0, le=60)
+    # the wait at start for the worker's first hello: a local worker's start is its policy
+    # loading (a checkpoint can take minutes on a small computer), a remote one's coming up
+    start_s: float = Field(30.0, gt=0, le=600)
     reconnect_max_s: float = Field(5.0, gt=0, le=300)  # the reconnect backoff's cap
     # the local worker (no policy.worker): copies of the policy in child processes (a
     # second is a warm spare, ready at once when one is lost) and when a copy counts as hung

@@ -83,6 +83,7 @@ class Kernel:
         self.task = ""  # the operator's task text for the episode
         self._estop_ns = 0  # when the latest operator e-stop was taken (CLOCK_MONOTONIC)
         self._wep_n = 0
+        self._said = 0  # states said (Status.seq)
         self._grippers = list(cfg.joints.gripper_indices())
         self._mode = cfg.control.control_mode
         self._end_after_tick = ""  # an outcome decided mid-tick, applied once the step counts
@@ -141,12 +142,13 @@ class Kernel:
     def status(self) -> Status:
         m, pb = self.machine, self.playback
         left = self.latch.torque_off_in(self.counters.ticks)
+        self._said += 1
         # `step`: the operator episode's (it only grows while the episode runs)
         return Status(
             str(m.state), m.episode, self.wep, self.episode_steps, m.outcome, self.latch.shown(),
             len(pb.queue), pb.in_flight is not None, self.latch.torque_on, self.task,
             self.recorder.stale if m.state is State.RUNNING else (),
-            None if left is None else round(left * self.dt, 3),
+            None if left is None else round(left * self.dt, 3), self._said,
         )
 
     def set_contract(self, open_loop_horizon: int | None, rtc: bool = False) -> None:

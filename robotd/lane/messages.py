@@ -279,6 +279,9 @@ class Status(_Msg, tag="state"):
     # a category-1 e-stop's controlled stop under way: seconds before torque goes off (an
     # e-stop's answer shows torque still on; this says it is going off, and when)
     stopping_s: Annotated[float, msgspec.Meta(ge=0)] | None = None
+    # the lane's count of the states it has said: the newest is the one to show, since the
+    # up stream and lane.sock's e-stop answers are not ordered between them
+    seq: Annotated[int, msgspec.Meta(ge=0)] = 0
 
 
 class Stats(_Msg, tag="stats"):

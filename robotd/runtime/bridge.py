@@ -187,8 +187,7 @@ class LaneBridge:
                     except codec.LaneError:
                         continue
                     if isinstance(reply, Reply) and reply.id == rid:
-                        if reply.status is not None:
-                            self.status = reply.status
+                        self._said(reply.status)
                         return reply
 
     # ---- up ------------------------------------------------------------------------------
@@ -279,21 +278,27 @@ class LaneBridge:
                 last,
             )
 
+    def _said(self, status: Status | None) -> None:
+        """Keep `status` if it is newer than the one held: an e-stop's answer on lane.sock
+        can overtake a state the lane said before it, still on the up stream (a status read
+        then would show the robot IDLE after its e-stop)."""
+        if status is not None and (self.status is None or status.seq > self.status.seq):
+            self.status = status
+
     def _dispatch(self, msg: Any) -> None:
         if isinstance(msg, Step):  # first: one every tick
             self.last_step = msg
         elif isinstance(msg, Reply):
-            if msg.status is not None:
-                self.status = msg.status
+            self._said(msg.status)
             waiting = self._pending.get(msg.id) if msg.id is not None else None
             if waiting is not None:
                 waiting[1].append(msg)
                 waiting[0].set()
             return
         if isinstance(msg, Status):
-            self.status = msg
+            self._said(msg)
         elif isinstance(msg, Stats):
-            self.status = msg.state
+            self._said(msg.state)
             self.clock.stats(msg.counters.ticks, msg.elapsed_s)
             if self.cameras is not None:  # a Stats comes after its tick's Step
                 self.cameras.seen(msg.state, self.last_step)

@@ -23,7 +23,7 @@ import zmq.asyncio
 from robotd.config import Config, runtime_dir
 from robotd.contract import ContractError
 from robotd.lane.messages import Shutdown
-from robotd.link.connect import HELLO_DEADLINE_S, StartupError, worker_endpoint_problem
+from robotd.link.connect import StartupError, worker_endpoint_problem
 from robotd.link.session import PolicySession
 from robotd.operator.server import OperatorServer
 from robotd.operator.status import StatusLine
@@ -196,13 +196,15 @@ class Daemon:
 
     def _worker_wait(self) -> dict[str, Any]:
         """How long start-up waits for the worker's hello, and where its endpoint came
-        from: HELLO_DEADLINE_S, or --duration if shorter (a run asked to last 3 s does not
-        wait 30 for a worker that does not answer), a remote worker and a local one alike.
-        A local worker that dies is noticed before that (worker_failed); one that lives on
-        without serving (its policy still loading, or stuck) is as absent as a remote one."""
-        wait = min(HELLO_DEADLINE_S, self.opts.duration or HELLO_DEADLINE_S)
+        from. policy.start_s for a local worker: its start (the policy loading) is this
+        daemon's own start-up, and --duration counts from READY; one that dies is noticed
+        at once (worker_failed), one that lives on without serving (its policy stuck) is
+        given up at start_s. A remote worker: start_s, or --duration if shorter (a run asked
+        to last 3 s does not wait 30 for a worker elsewhere that does not answer)."""
+        wait = self.cfg.policy.start_s
         if self.opts.worker or self.cfg.policy.worker:
             source = "--worker" if self.opts.worker else "policy.worker"
+            wait = min(wait, self.opts.duration or wait)
         else:
             source = f"the local worker, {self.cfg.policy.serve}"
         return {"wait_s": wait, "source": source}
