@@ -52,6 +52,7 @@ NOT_SERVING = (
     " stuck in its set-up"
 )
 FIRST_FRAME_WAIT_S = 10.0  # a camera process that is slow to start (a loaded machine, USB)
+START_MARGIN_S = 10.0  # asked of systemd beyond the waits start-up still has (the contract)
 
 
 class Daemon:
@@ -168,7 +169,7 @@ class Daemon:
         )
         self.session.trace = self.recorder  # uploads, refusals, reconnects (None: no trace)
         try:
-            contract = await self.session.connect(tg, **self._worker_wait())
+            contract = await self.session.connect(tg, **self._waiting_for_worker())
         except (StartupError, ContractError) as exc:
             # A local worker alive that never answered its hello: its policy still loads (or
             # is stuck). One that answered and was refused (its contract) is serving.
@@ -193,6 +194,14 @@ class Daemon:
         tg.start_soon(sdnotify.watchdog_loop, lambda: self.view.state().get("state", "?"))
         with anyio.move_on_after(self.opts.duration):  # --duration counts from READY
             await self.stop.wait()
+
+    def _waiting_for_worker(self) -> dict[str, Any]:
+        """`_worker_wait`, told to systemd: start-up may now last that long, and the first
+        frames' wait and a margin after it."""
+        wait = self._worker_wait()
+        status = f"waiting up to {wait['wait_s']:g} s for {wait['source']} to answer hello"
+        sdnotify.extend_start(wait["wait_s"] + FIRST_FRAME_WAIT_S + START_MARGIN_S, status)
+        return wait
 
     def _worker_wait(self) -> dict[str, Any]:
         """How long start-up waits for the worker's hello, and where its endpoint came
