@@ -139,7 +139,7 @@ def judge(
     if r.fault is not None:
         # silence or another ID answering is the ID set wrong (the commonest fault); a
         # reply that is not well formed is the bus (baud, wiring, a second master)
-        wrong_id = r.fault == "no answer" or r.fault.startswith("a reply from id")
+        wrong_id = r.fault_kind in ("silent", "stray")
         key = "joints.options.ids" if wrong_id else "joints.options.port"
         row.problems.append((key, r.fault + ("" if r.answered else _on_the_bus(found))))
     if r.condition is not None:

@@ -34,12 +34,12 @@ def test_a_local_worker_that_never_serves_is_given_up_at_its_start_deadline(
 
 
 def test_a_local_policy_slower_to_load_than_the_duration_still_runs_it(tmp_path: Path) -> None:
-    """--duration 1 with a policy loading for 4 s: the run waits for it, then runs its 1 s
+    """--duration 1 with a policy loading for 2.5 s: the run waits for it, then runs its 1 s
     (a short --duration on a slow computer is not a start-up failure)."""
     d = Daemon(
         tmp_path,
         "--set", 'policy.serve="tests.hello_policies:SlowToLoad"',
-        "--set", "policy.args.load_s=4",
+        "--set", "policy.args.load_s=2.5",
         "--duration", "1",
     )  # fmt: skip
     assert d.wait_exit(timeout=90) == 0, "".join(d.wait_eof())[-3000:]

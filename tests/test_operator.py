@@ -16,11 +16,15 @@ from robotd.operator.robotctl import ControlClient
 from tests.daemon_util import REPO, Daemon
 
 
-@pytest.fixture(scope="module")
-def daemon(tmp_path_factory):
-    tmp = tmp_path_factory.mktemp("op")
+def _latched(tmp) -> Daemon:
     d = Daemon(tmp, "--set", 'robot.start="latched"', "--set", "safety.estop_category=0")
     d.wait_line(r"operator socket")
+    return d
+
+
+@pytest.fixture(scope="module")
+def daemon(tmp_path_factory):
+    d = _latched(tmp_path_factory.mktemp("op"))
     yield d
     d.signal()
     assert d.wait_exit() == 0
@@ -50,7 +54,19 @@ def test_socket_is_group_only(daemon):
     assert stat.S_IMODE(mode) == 0o660
 
 
-def test_starts_latched_then_operator_enables_motion(client):
+def test_starts_latched_then_operator_enables_motion(tmp_path):
+    """A daemon of its own: the module's has had its latch cleared by the other tests."""
+    d = _latched(tmp_path)
+    client = ControlClient(d.control_endpoint, timeout_s=15)
+    try:
+        _enables_motion_once_cleared(client)
+    finally:
+        client.close()
+        d.signal()
+    assert d.wait_exit() == 0
+
+
+def _enables_motion_once_cleared(client: ControlClient) -> None:
     status = client.request("status")["result"]
     assert status["state"] == "FAULT" and status["fault"]["cause"] == "startup"
     refused = client.request("start")

@@ -17,6 +17,7 @@ import struct
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Literal
 
 from drivers.dynamixel import packet as dxp
 from drivers.dynamixel import table as dxt
@@ -39,6 +40,11 @@ MODEL_REGISTER = {"dynamixel": dxt.MODEL_NUMBER, "feetech": ftt.MODEL_NUMBER}  #
 HOMING_SIGN_BIT = {"dynamixel": None, "feetech": 11}  # None: 4 bytes, two's complement
 
 
+# What came instead of a usable reply: nothing, another ID's reply, a corrupt frame, bytes
+# that made no packet, a reply refusing the instruction, one of the wrong length.
+FaultKind = Literal["silent", "stray", "corrupt", "garbage", "refused", "short"]
+
+
 @dataclass
 class ServoReading:
     """What one configured servo answered. `fault` names the first thing that stopped its
@@ -52,6 +58,7 @@ class ServoReading:
     drive_mode: int | None = None
     position: int | None = None  # Present Position as the servo reports it now
     fault: str | None = None
+    fault_kind: FaultKind | None = None  # what came instead (Unanswered.kind)
     condition: str | None = None
 
 
@@ -66,11 +73,12 @@ class Scan:
 
 
 class Unanswered(Exception):
-    """A transaction got no usable reply; the message names what came instead, `strays`
-    the IDs that answered in its place."""
+    """A transaction got no usable reply; `kind` says what came instead, the message names
+    it, `strays` the IDs that answered in its place."""
 
-    def __init__(self, message: str, strays: Sequence[int] = ()) -> None:
+    def __init__(self, kind: FaultKind, message: str, strays: Sequence[int] = ()) -> None:
         super().__init__(message)
+        self.kind: FaultKind = kind
         self.strays = list(strays)
 
 
@@ -95,12 +103,13 @@ class Prober:
         if reply is not None:
             return reply
         if out.strays:
-            raise Unanswered(f"a reply from id {out.strays[0]}, not {ident}", out.strays)
+            raise Unanswered("stray", f"a reply from id {out.strays[0]}, not {ident}", out.strays)
         if out.corrupt:
-            raise Unanswered(f"corrupt reply ({out.corrupt[0].reason})")
+            raise Unanswered("corrupt", f"corrupt reply ({out.corrupt[0].reason})")
         if bus.transport.bytes_in > before:
-            raise Unanswered(f"garbage ({bus.transport.bytes_in - before} bytes, no status packet)")
-        raise Unanswered("no answer")
+            got = bus.transport.bytes_in - before
+            raise Unanswered("garbage", f"garbage ({got} bytes, no status packet)")
+        raise Unanswered("silent", "no answer")
 
     def ask(self, packet: bytes, ident: int, length: int) -> Reply:
         """`exchange` tried up to TRIES times, its reply refused when its error byte says
@@ -110,9 +119,11 @@ class Prober:
             try:
                 reply = self.exchange(packet, ident, length, SLACK_S)
                 if codec.retryable(reply.error):  # refused: its data is not data
-                    raise Unanswered(f"status error: {codec.describe_error(reply.error)}")
+                    why = f"status error: {codec.describe_error(reply.error)}"
+                    raise Unanswered("refused", why)
                 if len(reply.data) != length:
                     raise Unanswered(
+                        "short",
                         f"a reply with {len(reply.data)} data byte(s), {length} expected"
                     )
                 return reply
@@ -146,7 +157,7 @@ class Prober:
                 out.drive_mode = self.read(ident, f.drive_mode, 1, errors)[0] & 1
             out.position = _decode(self.read(ident, f.present, f.present_size, errors), f.sign_bit)
         except Unanswered as exc:
-            out.fault = str(exc)
+            out.fault, out.fault_kind = str(exc), exc.kind
         conditions = [e for e in errors if e]
         if conditions:
             out.condition = self._condition(ident, conditions[0])
