@@ -12,15 +12,25 @@ from __future__ import annotations
 
 import json
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 
 from robotd.config import Loaded
 
 
-def check(loaded: Loaded, probe: dict[str, bool] | None = None) -> int:
+@dataclass(frozen=True)
+class Probe:
+    """`check --probe`: scan the bus for the IDs that answer when one is missing (not with
+    --no-scan); print JSON (--json) rather than a table."""
+
+    scan: bool = True
+    as_json: bool = False
+
+
+def check(loaded: Loaded, probe: Probe | None = None) -> int:
     """Exit 2 with one line per problem, else print the resolved config and exit 0. With
-    `probe` (its keyword arguments: scan, as_json) the servo arm's bus is read after the
-    config's problems are known instead (robotd.check_probe), nothing written."""
+    `probe` the servo arm's bus is read after the config's problems are known instead
+    (robotd.check_probe), nothing written."""
     from robotd.config import runtime_dir
     from robotd.runtime.rundir import RunDirError, check_run_dir
 
@@ -37,7 +47,7 @@ def check(loaded: Loaded, probe: dict[str, bool] | None = None) -> int:
     if probe is not None:
         from robotd.check_probe import probe_check
 
-        return probe_check(loaded, problems, **probe)
+        return probe_check(loaded, problems, scan=probe.scan, as_json=probe.as_json)
     for line in problems:
         print(f"robotd: {line}", file=sys.stderr)
     if problems:

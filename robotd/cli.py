@@ -212,12 +212,13 @@ def _print_unit(args: argparse.Namespace) -> int:
 
 def _check(args: argparse.Namespace, loaded: Loaded) -> int:
     """`robotd check`, with --probe's options only beside --probe."""
-    from robotd.check import check
+    from robotd.check import Probe, check
 
     if (args.no_scan or args.json) and not args.probe:
         print("robotd: check: --no-scan and --json go with --probe", file=sys.stderr)
         return 2
-    return check(loaded, {"scan": not args.no_scan, "as_json": args.json} if args.probe else None)
+    probe = Probe(scan=not args.no_scan, as_json=args.json) if args.probe else None
+    return check(loaded, probe)
 
 
 def _load_checked(args: argparse.Namespace) -> Loaded:

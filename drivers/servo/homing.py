@@ -22,6 +22,14 @@ from drivers.servo.transport import SerialTransport
 HALF_TURN = 2047
 
 
+def decode_register(data: bytes, sign_bit: int | None) -> int:
+    """A signed register's value: 4 bytes two's complement (sign_bit None: Dynamixel),
+    else 2 bytes sign-magnitude with the sign at `sign_bit` (Feetech)."""
+    if sign_bit is None:
+        return int(struct.unpack("<i", data[:4])[0])
+    return ftt.decode_sign_magnitude(int.from_bytes(data[:2], "little"), sign_bit)
+
+
 @dataclass(frozen=True)
 class Family:
     codec: type[Codec]
@@ -87,10 +95,7 @@ class HomingBus:
         raise RuntimeError(f"servos {missing} did not answer a position read ({tries} tries)")
 
     def _decode(self, data: bytes) -> int:
-        f = self.family
-        if f.sign_bit is None:
-            return struct.unpack("<i", data[:4])[0]
-        return ftt.decode_sign_magnitude(int.from_bytes(data[:2], "little"), f.sign_bit)
+        return decode_register(data, self.family.sign_bit)
 
     def drive_modes(self, ids: Sequence[int]) -> dict[int, int]:
         f = self.family

@@ -13,7 +13,6 @@ the servos' reads share one budget and the scan another.
 
 from __future__ import annotations
 
-import struct
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -23,7 +22,7 @@ from drivers.dynamixel import packet as dxp
 from drivers.dynamixel import table as dxt
 from drivers.feetech import table as ftt
 from drivers.servo.bus import Reply, ServoBus
-from drivers.servo.homing import FAMILIES, Family
+from drivers.servo.homing import FAMILIES, Family, decode_register
 from drivers.servo.transport import SerialTransport
 
 SLACK_S = 0.1  # a configured servo's reply may come late by a USB adapter's latency timer
@@ -152,10 +151,11 @@ class Prober:
             )
             sign_bit = HOMING_SIGN_BIT[self.protocol]
             offset = self.read(ident, f.homing, 4 if sign_bit is None else 2, errors)
-            out.homing_offset = _decode(offset, sign_bit)
+            out.homing_offset = decode_register(offset, sign_bit)
             if f.drive_mode is not None:
                 out.drive_mode = self.read(ident, f.drive_mode, 1, errors)[0] & 1
-            out.position = _decode(self.read(ident, f.present, f.present_size, errors), f.sign_bit)
+            present = self.read(ident, f.present, f.present_size, errors)
+            out.position = decode_register(present, f.sign_bit)
         except Unanswered as exc:
             out.fault, out.fault_kind = str(exc), exc.kind
         conditions = [e for e in errors if e]
@@ -196,13 +196,6 @@ class Prober:
             self.not_after_ns = saved
         out.found = sorted(found)
         return out
-
-
-def _decode(data: bytes, sign_bit: int | None) -> int:
-    """A register's value: 4 bytes two's complement (sign_bit None), else sign-magnitude."""
-    if sign_bit is None:
-        return int(struct.unpack("<i", data)[0])
-    return ftt.decode_sign_magnitude(int.from_bytes(data, "little"), sign_bit)
 
 
 def open_bus(protocol: str, port: str, baud: int, low_latency: bool = True) -> ServoBus:
