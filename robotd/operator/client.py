@@ -21,6 +21,7 @@ import zmq
 from robotd import wire
 from robotd.operator.curve import set_curve_client
 from robotd.runtime.bridge import lane_endpoint
+from robotd.runtime.rundir import lock_holder
 
 DEFAULT_TIMEOUT_S = 1.0
 MAX_REPLY_BYTES = 64 << 20
@@ -58,6 +59,22 @@ def ipc_path(endpoint: str) -> Path | None:
     return Path(endpoint.removeprefix("ipc://")) if endpoint.startswith("ipc://") else None
 
 
+def starting(path: Path) -> str:
+    """Words for a daemon alive in `path`'s directory whose socket `path` is not open yet
+    (it opens once the policy worker answers hello: a policy loading for minutes) or no
+    longer (stopping); "" when no daemon holds that directory."""
+    pid = lock_holder(path.parent)
+    if pid is None:
+        return ""
+    words = (
+        f"robotd pid {pid} is starting or stopping: its operator sockets open once its "
+        "policy worker answers hello"
+    )
+    if Path(lane_endpoint(path.parent).removeprefix("ipc://")).exists():
+        words += "; an e-stop reaches its control lane meanwhile (lane.sock)"
+    return words
+
+
 def probe(endpoint: str) -> None:
     """Raise Unreachable at once when an ipc endpoint has no daemon behind it (no socket
     file, not a socket, nobody listening: a stale file). tcp is left to the timeout."""
@@ -67,7 +84,7 @@ def probe(endpoint: str) -> None:
     try:
         st = os.stat(path)
     except FileNotFoundError:
-        raise Unreachable(f"no daemon: {path} does not exist") from None
+        raise Unreachable(starting(path) or f"no daemon: {path} does not exist") from None
     except PermissionError:
         raise Unreachable(
             f"cannot reach {path}: permission denied (operators join the daemon's group: "

@@ -35,6 +35,9 @@ class Screen:
     msg: dict[str, Any] | None = None  # the newest telemetry message
     age_s: float | None = None  # seconds since it came
     absent: str = ""  # why there is no daemon right now ("" when its socket is there)
+    # a daemon holds the run directory but does not serve yet (start-up: its policy loading)
+    # or any more (stopping), in words; "" otherwise
+    starting: str = ""
     stale_after_s: float = 2.0
     notice: str = ""  # the last e-stop's outcome, in words
     notice_ok: bool = True
@@ -149,10 +152,14 @@ def render(screen: Screen) -> Group:
     head = Text(f"robotd  {screen.endpoint}", style="bold")
     parts.append(head)
     stale = screen.age_s is not None and screen.age_s > screen.stale_after_s
-    if screen.msg is None:
+    if screen.msg is None and screen.starting:
+        parts.append(Text(f" STARTING  {screen.starting}", style="bold black on yellow"))
+    elif screen.msg is None:
         why = screen.absent or "nothing heard yet"
         parts.append(Text(f" NO DAEMON  {why}; waiting for one", style="bold white on red"))
     else:
+        if screen.starting:
+            parts.append(Text(f" NOT SERVING  {screen.starting}", style="bold black on yellow"))
         if screen.absent:
             parts.append(Text(f" NO DAEMON  {screen.absent}", style="bold white on red"))
         if stale:
@@ -177,9 +184,13 @@ def line(screen: Screen, stamp: str = "") -> str:
     """The screen as one plain line, for a watcher without a terminal: the headline (no
     daemon, stale, the state in words) and the main counters."""
     head = f"{stamp} " if stamp else ""
+    if screen.msg is None and screen.starting:
+        return printable(f"{head}STARTING {screen.starting}")
     if screen.msg is None:
         why = screen.absent or "nothing heard yet"
         return printable(f"{head}NO DAEMON {why}; waiting for one")
+    if screen.starting:
+        head += f"NOT SERVING {screen.starting}; "
     if screen.absent:
         head += f"NO DAEMON {screen.absent}; "
     if screen.age_s is not None and screen.age_s > screen.stale_after_s:

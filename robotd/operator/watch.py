@@ -23,7 +23,7 @@ from rich.console import Console
 from rich.live import Live
 
 from robotd import wire
-from robotd.operator.client import ipc_path
+from robotd.operator.client import ipc_path, starting
 from robotd.operator.curve import set_curve_client
 from robotd.operator.locate import Target
 from robotd.operator.view import Screen, line, render
@@ -61,17 +61,19 @@ def _subscribe(target: Target) -> zmq.Socket:
     return sock
 
 
-def _absent(target: Target) -> str:
+def _absent(target: Target) -> tuple[str, str]:
+    """(why there is no daemon, what a daemon that is there but not serving is doing)."""
     path = ipc_path(target.telemetry)
     if path is None:
-        return ""
+        return "", ""
     try:
         os.stat(path)
     except FileNotFoundError:
-        return f"{path} does not exist"
+        words = starting(path)
+        return ("", words) if words else (f"{path} does not exist", "")
     except OSError as exc:
-        return f"{path}: {exc.strerror}"
-    return ""
+        return f"{path}: {exc.strerror}", ""
+    return "", ""
 
 
 def _newest(sock: zmq.Socket) -> dict | None:
@@ -114,7 +116,8 @@ class _LineSink:
     a pipe follows as it happens. A line when a telemetry message came, and when the
     headline changes without one (no daemon, stale); with `as_json` each line is one JSON
     object: `{"ok": true, "telemetry": MESSAGE}`, or `{"ok": false, "error":
-    {code, message}}` (code `unreachable` or `stale`), or `{"ok": B, "notice": TEXT}`."""
+    {code, message}}` (code `unreachable`, `starting`: a daemon is there, not serving yet,
+    or `stale`), or `{"ok": B, "notice": TEXT}`."""
 
     def __init__(self, as_json: bool) -> None:
         self.json = as_json
@@ -132,7 +135,8 @@ class _LineSink:
     def show(self, screen: Screen, fresh: bool) -> None:
         stale = screen.age_s is not None and screen.age_s > screen.stale_after_s
         quiet = "none" if screen.msg is None else "stale" if stale else ""
-        headline = f"{quiet} {screen.absent}" if quiet or screen.absent else ""
+        why = screen.absent or screen.starting
+        headline = f"{quiet} {why}" if quiet or why else ""
         if not fresh and (not headline or headline == self.said):
             return
         self.said = headline
@@ -141,7 +145,7 @@ class _LineSink:
         elif fresh:
             self._print(json.dumps({"ok": True, "telemetry": screen.msg}, default=str))
         else:
-            code = "stale" if quiet == "stale" else "unreachable"
+            code = "stale" if quiet == "stale" else "starting" if screen.starting else "unreachable"
             message = line(screen)
             self._print(json.dumps({"ok": False, "error": {"code": code, "message": message}}))
 
@@ -204,7 +208,7 @@ def _loop(
                 break
             if "e" in pressed:
                 _estop_key(estop, screen, out)
-        screen.absent = _absent(target)
+        screen.absent, screen.starting = _absent(target)
         screen.age_s = None if received_at is None else time.monotonic() - received_at
         out.show(screen, fresh)
 

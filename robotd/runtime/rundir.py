@@ -154,3 +154,21 @@ def lock_run_dir(path: Path) -> int:
     os.ftruncate(fd, 0)
     os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
     return fd
+
+
+def lock_holder(path: Path) -> int | None:
+    """The pid of the daemon holding run directory `path` (its pid file's lock), read from
+    /proc/locks: never taking the lock, so a daemon starting that instant is not refused.
+    None when nobody holds it, or it cannot be told (no such file, another system)."""
+    try:
+        st = os.stat(path / PID_FILE, follow_symlinks=False)
+        table = Path("/proc/locks").read_text()
+    except OSError:
+        return None
+    # "1: FLOCK  ADVISORY  WRITE 4242 fd:01:1234 0 EOF" (a waiter's line has "->" second)
+    inode = f"{os.major(st.st_dev):02x}:{os.minor(st.st_dev):02x}:{st.st_ino}"
+    for line in table.splitlines():
+        f = line.split()
+        if len(f) >= 6 and f[1] == "FLOCK" and f[5] == inode and f[4].isdigit():
+            return int(f[4])
+    return None
