@@ -32,7 +32,11 @@ smoother seam costs; with --json it is "rtc_frontier", one row per bound. A thir
 replace, fade and rtc at 200 ms at the table's refill_steps and asked back to back
 (refill_steps = horizon - 1: an act is asked as soon as the last answer lands, as the RTC
 paper's inference loop does): fresher plans track better in every mode, and rtc and fade
-keep the more frequent seams small; with --json it is "back_to_back".
+keep the more frequent seams small; with --json it is "back_to_back". A fourth runs replace,
+fade and rtc at 200 ms with the shield config/sim.toml deploys (safety.max_velocity): how
+many ticks it rate-limits, and what that does to tracking; with --json "with_shield". Every
+result row also carries the shield's `clipped` (into the position limits) and `clamped`
+(rate limited) counts.
 
 Choices, and why (every run uses the same ones, so the table compares merging alone):
   - horizon 30 rows (1 s at 30 Hz) and refill_steps 14 for every realtime mode but auto: the
@@ -82,7 +86,9 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
     return args
 
 
-def _config(mode: str, args: argparse.Namespace) -> Any:
+def _config(mode: str, args: argparse.Namespace, shield: bool = False) -> Any:
+    """The mode's config on config/sim.toml's defaults; the shield's per-tick velocity
+    limit taken out unless `shield` (the deployment's, as config/sim.toml sets it)."""
     from robotd.config import load_config
     from robotd.errors import ConfigError
 
@@ -98,6 +104,8 @@ def _config(mode: str, args: argparse.Namespace) -> Any:
         cfg = load_config(None, overrides)
     except ConfigError as exc:
         raise BenchError(f"config for mode {mode}: {exc}") from None
+    if shield:
+        return cfg
     return cfg.model_copy(update={"safety": cfg.safety.model_copy(update={"max_velocity": None})})
 
 
@@ -107,8 +115,10 @@ def run_one(
     jitter: float,
     args: argparse.Namespace,
     blend_step: float | None = None,
+    shield: bool = False,
 ) -> dict[str, Any]:
-    """One virtual run; the result row of the JSON line."""
+    """One virtual run; the result row of the JSON line (`shield`: with the deployment's
+    velocity limit)."""
     from robotd.demo import DotFollower
     from robotd.virtual.latency import jittered
     from robotd.virtual.runner import run_virtual
@@ -120,7 +130,7 @@ def run_one(
     bound = {} if blend_step is None else {"blend_step": blend_step}
     policy = DotFollower(latency_ms=0, horizon=args.horizon, rtc=mode == "rtc", **bound)
     result = run_virtual(
-        _config(mode, args),
+        _config(mode, args, shield),
         policy,
         steps=args.steps,
         latency_s=latency,
@@ -143,6 +153,8 @@ def run_one(
         "max_jump": round(result.max_jump, 5),
         "mean_abs_jerk": round(result.mean_abs_jerk, 2),
         "delay_overruns": result.counters["delay_overruns"],
+        "clipped": result.counters["clipped"],  # the shield: into the position limits
+        "clamped": result.counters["clamped"],  # the shield: rate limited
     }
 
 
@@ -216,6 +228,21 @@ def _back_to_back(args: argparse.Namespace) -> list[dict[str, Any]]:
     return rows
 
 
+def _shielded(args: argparse.Namespace) -> list[dict[str, Any]]:
+    """replace, fade and rtc at 200 ms with the shield config/sim.toml deploys (its
+    safety.max_velocity): the ticks it rate-limits, and what that does to tracking, printed."""
+    rows = [run_one(m, 200, 0.0, args, shield=True) for m in ("replace", "fade", "rtc")]
+    keys = ("mode", "tracking_mean", "max_jump", "clamped", "clipped")
+    print_table(
+        ["at 200 ms", "tracking mean", "max jump (rad)", "rate limited", "clipped"],
+        [[r[k] for k in keys] for r in rows],
+        title="with the deployment's shield (config/sim.toml's safety.max_velocity): the "
+        "ticks it rate-limits (clamped) and clips into the position limits",
+        digits=4,
+    )
+    return rows
+
+
 def main(argv: list[str] | None = None) -> int:
     args = _parse(argv)
     started = time.perf_counter()
@@ -256,10 +283,12 @@ def main(argv: list[str] | None = None) -> int:
         print(line)
     frontier = _frontier(args, results)
     early = _back_to_back(args)
-    runs_done = len(results) + len(frontier) + len(early)
+    shielded = _shielded(args)
+    runs_done = len(results) + len(frontier) + len(early) + len(shielded)
     print(f"({runs_done} runs in {time.perf_counter() - started:.1f} s)")
     if args.json:
-        emit_json({"results": results, "rtc_frontier": frontier, "back_to_back": early})
+        emit_json({"results": results, "rtc_frontier": frontier, "back_to_back": early,
+                   "with_shield": shielded})
     return 0
 
 

@@ -20,6 +20,8 @@ FIELDS = {
     "max_jump",
     "mean_abs_jerk",
     "delay_overruns",
+    "clipped",
+    "clamped",
 }
 
 
@@ -38,6 +40,8 @@ def test_bench_merge_smoke() -> None:
     early = {(r["mode"], r["refill_steps"]) for r in out["back_to_back"]}
     assert early == {(m, n) for m in ("replace", "fade", "rtc") for n in (14, 29)}
     assert all(set(r) == FIELDS for r in results)
+    assert [r["mode"] for r in out["with_shield"]] == ["replace", "fade", "rtc"]
+    assert all(set(r) == FIELDS and r["latency_ms"] == 200 for r in out["with_shield"])
     runs = {(r["mode"], r["latency_ms"], r["jitter"]) for r in results}
     modes = ("sync", "naive", "replace", "fade", "ensemble", "rtc", "auto")
     for mode in modes:
