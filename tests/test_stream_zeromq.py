@@ -29,7 +29,7 @@ import zmq
 from zmq.utils.monitor import recv_monitor_message
 
 from robotd import wire
-from robotd.link.connect import unreachable
+from robotd.link.peer import diagnose
 from robotd.stream import zmtp
 from robotd.stream.framing import FrameReader, SpeaksZeroMQ, StreamBroken, head
 from robotd.stream.router import StreamRouter
@@ -207,7 +207,7 @@ def test_the_stream_endpoint_closes_a_zeromq_client_and_says_so_once(
 
 
 def _probe(endpoint: str) -> str:
-    return anyio.run(unreachable, endpoint)
+    return anyio.run(diagnose, endpoint, "policy.worker").text
 
 
 def test_a_zeromq_socket_is_no_problem() -> None:

@@ -96,7 +96,8 @@ async def hello(
             if failed:
                 raise StartupError(f"{failed} (policy {cfg.policy.serve})") from None
             if time.monotonic() >= deadline:
-                why = await unreachable(endpoint, source) or str(exc) or type(exc).__name__
+                told = await diagnose(endpoint, source)
+                why = told.text or str(exc) or type(exc).__name__
                 raise StartupError(
                     f"{where} did not answer hello within {wait_s:g} s: {why}"
                 ) from None
@@ -109,12 +110,6 @@ async def hello(
                 why = told.text or str(exc) or type(exc).__name__
                 log.log(level, "%s: no answer yet (%s): waiting up to %g s", where, why, wait_s)
             await anyio.sleep(max(0.0, min(0.2, deadline - time.monotonic())))
-
-
-async def unreachable(endpoint: str, source: str = "policy.worker") -> str:
-    """Why no robotd worker's ROUTER answers at a ZeroMQ endpoint (which ZeroMQ does not
-    say): robotd.link.peer.diagnose's words, "" when a ROUTER is there."""
-    return (await diagnose(endpoint, source)).text
 
 
 def worker_endpoint_problem(link: str, endpoint: str) -> str | None:
