@@ -98,9 +98,9 @@ def probe_check(loaded: Loaded, problems: list[str], *, scan: bool, as_json: boo
         return _refused([*problems, f"{loaded.blame('joints.options.port')}: {exc}"], as_json)
     finally:
         bus.transport.close()
-    rows = [
-        judge(driver, name, r, cal, found) for name, r in zip(loaded.config.joints.names, readings)
-    ]
+    wants = options.models or [None] * len(readings)
+    names = loaded.config.joints.names
+    rows = [judge(driver, *each, cal, found) for each in zip(names, readings, wants, strict=True)]
     lines = list(problems)
     for row in rows:
         for key, why in row.problems:
@@ -131,10 +131,16 @@ def _calibration_path(loaded: Loaded, options: ServoOptions) -> Path:
 
 
 def judge(
-    protocol: str, joint: str, r: ServoReading, cal: Calibration | None, found: Scan | None
+    protocol: str,
+    joint: str,
+    r: ServoReading,
+    want: str | None,
+    cal: Calibration | None,
+    found: Scan | None,
 ) -> Row:
-    """One joint's row: what its servo answered set against the driver's models and the
-    calibration (None: none yet, positions not judged)."""
+    """One joint's row: what its servo answered set against the driver's models, the model
+    joints.options.models wants of it (None: any), and the calibration (None: none yet,
+    positions not judged)."""
     row = Row(joint, r)
     if r.fault is not None:
         # silence or another ID answering is the ID set wrong (the commonest fault); a
@@ -152,6 +158,9 @@ def judge(
             names = ", ".join(f"{n} ({m})" for m, n in sorted(known.items()))
             why = f"model {r.model} is not one the {protocol} driver knows: {names}"
             row.problems.append(("joints.driver", why))
+        elif want is not None and row.model_name != want:
+            why = f"a {row.model_name}, the config wants a {want}: another arm on this port?"
+            row.problems.append(("joints.options.models", why))
     j = cal.joints.get(joint) if cal is not None else None
     if j is None:
         if r.position is not None:

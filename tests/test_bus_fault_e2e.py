@@ -83,7 +83,8 @@ def rig(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Rig]:
     cfg = load_config(config)
     calibration = tmp_path / "calibration.json"
     save_calibration(emulated_calibration(cfg), calibration)
-    emu = Emulator(ARMS[request.param], cfg.joints.options["ids"])
+    opts = cfg.joints.options
+    emu = Emulator(ARMS[request.param], opts["ids"], model=opts.get("models"))  # the arm's own
     goals = Goals(emu)
     emu.start()
     sets = [f'joints.options.port="{emu.port}"', f'joints.options.calibration="{calibration}"']

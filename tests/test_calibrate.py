@@ -3,6 +3,7 @@ documented format) and the walk-through against the bus emulator."""
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import subprocess
@@ -148,6 +149,10 @@ def test_the_cli_refuses_a_file_of_other_servos(tmp_path):
     assert not (tmp_path / "koch.calibration.json").exists()
 
 
+# the shipped configs' followers (config/koch.toml, config/so101.toml: joints.options.models)
+FOLLOWER = {"dynamixel": ["xl430-w250"] * 2 + ["xl330-m288"] * 4, "feetech": "sts3215"}
+
+
 class Screen:
     """What the walk-through prints, waited on by the test (no sleeps as synchronisation)."""
 
@@ -175,7 +180,7 @@ class Screen:
 def test_the_walk_through_sets_homing_offsets_and_records_ranges(tmp_path, protocol):
     mid = {i: 2100 + 37 * i for i in IDS}  # where the operator puts the middle pose
     ends = {i: (mid[i] - 700 - i, mid[i] + 650 + i) for i in IDS}
-    with Emulator(protocol, IDS) as emu:
+    with Emulator(protocol, IDS, model=FOLLOWER[protocol]) as emu:
         config = copy_config(
             tmp_path, "koch.toml" if protocol == "dynamixel" else "so101.toml", emu.port
         )
@@ -227,6 +232,20 @@ def test_the_walk_through_sets_homing_offsets_and_records_ranges(tmp_path, proto
 
 def offset(protocol: str, actual: int) -> int:
     return 2047 - actual if protocol == "dynamixel" else actual - 2047
+
+
+def test_another_arm_on_the_port_is_named_and_nothing_is_written(tmp_path, capsys):
+    """The Koch leader (xl330-m077 throughout) where the follower's config points: its
+    ranges would be saved as the follower's. Refused after reads alone."""
+    with Emulator("dynamixel", IDS, model="xl330-m077") as emu:
+        config = copy_config(tmp_path, "koch.toml", emu.port)
+        code = calibrate.main(["--config", str(config)], stdin=io.StringIO(), stdout=Screen())
+        sent = {inst for _, inst in emu.received}
+    assert code == 2 and sent <= {0x01, 0x02}, emu.received  # pings and reads only
+    err = capsys.readouterr().err
+    assert "joint 'shoulder_pan' (servo 1) is a xl330-m077, joints.options.models says " in err
+    assert "xl430-w250: another arm on this port, or a servo swapped? Nothing written" in err
+    assert not (tmp_path / "koch.calibration.json").exists()
 
 
 def test_a_joint_that_was_not_moved_is_named(tmp_path):

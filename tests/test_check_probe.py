@@ -12,6 +12,7 @@ import os
 import re
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 import serial
@@ -30,6 +31,15 @@ from tests.test_check_arm import NO_CAMERAS, arm_config, calibration_of
 ARMS = {"dynamixel": "koch.toml", "feetech": "so101.toml"}
 NAMES = ("shoulder_pan", "shoulder_lift", "elbow_flex", "wrist_flex", "wrist_roll", "gripper")
 PING, READ = 0x01, 0x02  # the same codes in both families
+
+
+def arm(protocol: str, ids: tuple[int, ...] = (1, 2, 3, 4, 5, 6), **kw: Any) -> Emulator:
+    """The emulator of the shipped arm: its servos of the models its config names (per ID,
+    by its place; past 6, the last joint's), unless `model` says otherwise."""
+    if "model" not in kw:
+        models = load(REPO / "config" / ARMS[protocol]).config.joints.options["models"]
+        kw["model"] = [models[min(i, len(models)) - 1] for i in ids]
+    return Emulator(protocol, ids, **kw)
 
 
 def probe(config: Path, capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str, str]:
@@ -54,22 +64,22 @@ def report(out: str) -> dict:
 
 @pytest.mark.parametrize("protocol", ["dynamixel", "feetech"])
 def test_a_good_arm_passes_with_a_table_and_nothing_written(tmp_path, capsys, protocol):
-    with Emulator(protocol).start() as emu:
+    with arm(protocol).start() as emu:
         config = arm_config(tmp_path, ARMS[protocol], emu.port)
         code, out, err = probe(config, capsys)
         assert (code, err) == (0, ""), out
         assert read_only(emu) == {PING, READ}
         scanned = {ident for ident, _ in emu.received}
     assert scanned == {1, 2, 3, 4, 5, 6}  # all answered: no scan
-    model = "xl330-m288 (1200)" if protocol == "dynamixel" else "sts3215 (777)"
-    for name in NAMES:
+    models = ["xl430-w250 (1060)"] * 2 + ["xl330-m288 (1200)"] * 4  # the Koch follower's
+    for name, model in zip(NAMES, models if protocol == "dynamixel" else ["sts3215 (777)"] * 6):
         row = next(line for line in out.splitlines() if f" {name} " in line)
         assert model in row and " 2048 " in row and row.rstrip(" │|").endswith("ok"), row
     assert "read only" in out and "probe: all well" in out
 
 
 def test_the_json_report_is_one_object_on_the_last_line(tmp_path, capsys):
-    with Emulator("feetech").start() as emu:
+    with arm("feetech").start() as emu:
         config = arm_config(tmp_path, "so101.toml", emu.port)
         code, out, err = probe(config, capsys, "--json")
     assert (code, err, len(out.splitlines())) == (0, "", 1)
@@ -90,7 +100,7 @@ def test_the_json_report_is_one_object_on_the_last_line(tmp_path, capsys):
 
 
 def test_a_missing_id_is_named_beside_the_ids_a_scan_found(tmp_path, capsys):
-    with Emulator("dynamixel", (1, 2, 4, 5, 6, 9)).start() as emu:
+    with arm("dynamixel", (1, 2, 4, 5, 6, 9)).start() as emu:
         config = arm_config(tmp_path, "koch.toml", emu.port)
         started = time.monotonic()
         code, out, err = probe(config, capsys, "--json")
@@ -110,7 +120,7 @@ def test_a_missing_id_is_named_beside_the_ids_a_scan_found(tmp_path, capsys):
 
 
 def test_no_scan_names_the_missing_ids_and_asks_only_the_configured_ones(tmp_path, capsys):
-    with Emulator("feetech", (1, 2, 3, 5)).start() as emu:
+    with arm("feetech", (1, 2, 3, 5)).start() as emu:
         config = arm_config(tmp_path, "so101.toml", emu.port)
         code, out, err = probe(config, capsys, "--no-scan")
         read_only(emu)
@@ -140,11 +150,28 @@ def test_a_model_the_driver_does_not_know_is_named_on_every_joint(tmp_path, caps
     assert ("xl330-m288 (1200)" if protocol == "dynamixel" else "sts3215 (777)") in lines[0]
 
 
+def test_the_leader_arm_on_the_followers_port_is_named_by_the_models_it_answers_as(
+    tmp_path, capsys
+):
+    with arm("dynamixel", model="xl330-m077").start() as emu:
+        config = arm_config(tmp_path, "koch.toml", emu.port)
+        code, _, err = probe(config, capsys)
+        read_only(emu)
+    lines = err.splitlines()
+    assert code == 2 and len(lines) == 6, err
+    wants = ["xl430-w250"] * 2 + ["xl330-m288"] * 4
+    for line, name, ident, want in zip(lines, NAMES, range(1, 7), wants, strict=True):
+        assert line == (
+            f"robotd: {at(config, 'models =')}: joints.options.models: joint {name!r} id "
+            f"{ident}: a xl330-m077, the config wants a {want}: another arm on this port?"
+        ), line
+
+
 @pytest.mark.parametrize(("protocol", "judged"), [("dynamixel", 3548), ("feetech", 548)])
 def test_positions_outside_the_calibrated_range_are_named_as_the_driver_will_read_them(
     tmp_path, capsys, protocol, judged
 ):
-    with Emulator(protocol).start() as emu:
+    with arm(protocol).start() as emu:
         config = arm_config(tmp_path, ARMS[protocol], emu.port)
         path = calibration_of(config)
         cal = load_calibration(path)
@@ -188,7 +215,7 @@ def test_replies_that_are_not_well_formed_become_named_verdicts(
     tmp_path, capsys, protocol, corrupt, short, condition
 ):
     faults = ("1:checksum", "2:garbage", "3:wrong_id", "4:short", "5:error")
-    with Emulator(protocol, faults=faults).start() as emu:
+    with arm(protocol, faults=faults).start() as emu:
         config = arm_config(tmp_path, ARMS[protocol], emu.port)
         started = time.monotonic()
         code, out, err = probe(config, capsys, "--no-scan", "--json")
@@ -210,7 +237,7 @@ def test_replies_that_are_not_well_formed_become_named_verdicts(
 
 
 def test_a_port_held_by_another_process_is_said_with_its_errno(tmp_path, capsys):
-    with Emulator("dynamixel").start() as emu:
+    with arm("dynamixel").start() as emu:
         config = arm_config(tmp_path, "koch.toml", emu.port)
         # as the running daemon holds it: the driver's own exclusive open
         with serial.Serial(emu.port, 1_000_000, exclusive=True):
@@ -246,7 +273,7 @@ def test_an_absent_port_stops_the_probe_before_anything_opens(tmp_path, capsys):
 
 @pytest.mark.skipif(os.geteuid() == 0, reason="root opens a device whatever its mode")
 def test_a_port_not_ours_to_open_is_said_with_its_errno(tmp_path, capsys):
-    with Emulator("feetech").start() as emu:
+    with arm("feetech").start() as emu:
         config = arm_config(tmp_path, "so101.toml", emu.port)
         os.chmod(emu.port, 0)
         code, _, err = probe(config, capsys)
@@ -255,7 +282,7 @@ def test_a_port_not_ours_to_open_is_said_with_its_errno(tmp_path, capsys):
 
 
 def test_an_arm_not_yet_calibrated_is_probed_but_not_judged(tmp_path, capsys):
-    with Emulator("feetech").start() as emu:
+    with arm("feetech").start() as emu:
         config = arm_config(tmp_path, "so101.toml", emu.port, calibrated=False)
         code, out, err = probe(config, capsys, "--json")
         read_only(emu)
@@ -272,7 +299,7 @@ def test_an_arm_not_yet_calibrated_is_probed_but_not_judged(tmp_path, capsys):
 
 
 def test_a_config_problem_stops_the_probe_and_its_options_need_it(tmp_path, capsys):
-    with Emulator("feetech").start() as emu:
+    with arm("feetech").start() as emu:
         config = arm_config(tmp_path, "so101.toml", emu.port)
         code, _, err = probe(config, capsys, "--set", "joints.options.ids=[1, 2, 3, 4, 5, 7]")
         assert code == 2 and err.endswith(
@@ -284,7 +311,7 @@ def test_a_config_problem_stops_the_probe_and_its_options_need_it(tmp_path, caps
 
 
 def test_a_drive_mode_the_open_would_change_leaves_the_position_unjudged(tmp_path, capsys):
-    with Emulator("dynamixel").start() as emu:
+    with arm("dynamixel").start() as emu:
         config = arm_config(tmp_path, "koch.toml", emu.port)
         path = calibration_of(config)
         cal = load_calibration(path)

@@ -117,6 +117,19 @@ def test_servo_ids_one_per_joint_at_load(tmp_path):
     assert said.startswith(f"{grippers}: joints.options.grippers: ['grip'] are not joint names")
 
 
+def test_servo_models_are_known_ones_one_per_joint_at_load(tmp_path):
+    five = '["sts3215", "sts3215", "sts3215", "sts3215", "sts3215"]'
+    path = write(tmp_path, re.sub(r"models = \[[^\]]*\]", f"models = {five}", SO101))
+    assert error(path).startswith(
+        f"{at(path, 'models =')}: joints.options.models: one model per joint (6: "
+    ), error(path)
+    said = error(write(tmp_path, SO101), 'joints.options.models=["sts3215", "XL430-W250"]')
+    assert said == (
+        "--set joints.options.models: models[1] 'XL430-W250' is not a Feetech model this "
+        "driver knows (sts3215, sts3250)"
+    ), said
+
+
 def test_sim_initial_one_per_joint_at_load(tmp_path):
     path = write(tmp_path, SIM.replace("noise = 0.0005", "noise = 0.0005\ninitial = [0.0]"))
     assert error(path) == (

@@ -257,6 +257,42 @@ def test_a_calibration_of_other_servos_is_refused(tmp_path):
         d.open()
 
 
+KOCH_FOLLOWER = ["xl430-w250"] * 2 + ["xl330-m288"] * 4
+PING, READ = 0x01, 0x02  # the same codes in both families
+
+
+@pytest.mark.parametrize(
+    ("protocol", "answers", "wants", "said"),
+    [
+        # the Koch leader arm (xl330-m077 throughout) on the follower's port
+        ("dynamixel", "xl330-m077", KOCH_FOLLOWER, "is a xl330-m077, joints.options.models "
+         "says xl430-w250"),
+        ("feetech", "sts3250", ["sts3215"] * 6, "is a sts3250, joints.options.models says "
+         "sts3215"),
+    ],
+)
+def test_another_arm_on_the_port_is_refused_at_open_before_anything_is_written(
+    tmp_path, protocol, answers, wants, said
+):
+    cal = write_calibration(tmp_path / "cal.json", protocol)
+    with Emulator(protocol, IDS, model=answers, baud=0) as emu:
+        d = make_driver(protocol, emu.port, cal, models=wants)
+        with pytest.raises(DriverFault) as info:
+            d.open()
+        received = list(emu.received)
+    assert f"joint 'shoulder_pan' (servo 1) {said}" in str(info.value)
+    assert "Nothing was written to it" in str(info.value) and info.value.joint == "shoulder_pan"
+    assert {inst for _, inst in received} <= {PING, READ}, received  # no write, no torque
+
+
+def test_the_arm_of_the_models_its_config_names_opens(tmp_path):
+    cal = write_calibration(tmp_path / "cal.json", "dynamixel")
+    with Emulator("dynamixel", IDS, model=KOCH_FOLLOWER, baud=0) as emu:
+        d = make_driver("dynamixel", emu.port, cal, models=[m.upper() for m in KOCH_FOLLOWER])
+        d.open()  # the names are taken in any case
+        d.close()
+
+
 def test_a_servo_missing_at_open_is_named(tmp_path):
     a = Arm("dynamixel", tmp_path, ids=(1, 2, 3, 4, 5))
     try:

@@ -19,7 +19,7 @@ from drivers.dynamixel.codec import DynamixelCodec
 from drivers.servo.bus import Reply, ServoBus
 from drivers.servo.calibration import Calibration
 from drivers.servo.joints import ServoJoints
-from drivers.servo.options import ServoOptions, fixed_rate
+from drivers.servo.options import ServoOptions, fixed_rate, known_models
 
 _EEPROM = (t.FIRMWARE_VERSION, t.HOMING_OFFSET + 4 - t.FIRMWARE_VERSION)  # 6..23
 
@@ -36,6 +36,11 @@ class DynamixelOptions(ServoOptions):
     def _baud(cls, baud: int) -> int:
         return fixed_rate(baud, t.BAUD_RATES.values(), "an X-series Dynamixel")
 
+    @pydantic.field_validator("models")
+    @classmethod
+    def _models(cls, models: list[str]) -> list[str]:
+        return known_models(models, t.MODEL_BY_NAME, "Dynamixel")
+
     @pydantic.field_validator("operating_mode", "gripper_operating_mode", mode="before")
     @classmethod
     def _mode(cls, value: object) -> object:
@@ -47,6 +52,7 @@ class DynamixelJoints(ServoJoints):
     Options: ClassVar[type[ServoOptions]] = DynamixelOptions
     options: DynamixelOptions
     protocol = "dynamixel"
+    model_names = t.MODEL_NAMES
     software_direction = False  # Drive Mode bit 0 reverses the servo itself
     state_block = t.STATE_BLOCK
     goal_register = (t.GOAL_POSITION, 4)

@@ -86,6 +86,7 @@ MODELS = {
     )
 }
 MODEL_BY_NAME = {m.name: m for m in MODELS.values()}
+MODEL_NAMES = {m.number: m.name for m in MODELS.values()}  # model number → name
 FAST_SYNC_READ_FIRMWARE = 45
 
 

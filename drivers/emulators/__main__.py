@@ -1,5 +1,5 @@
 """python -m drivers.emulators {dynamixel|feetech} [--ids 1,2,3,4,5,6] [--baud 1000000]
-[--model NAME] [--fault ID:KIND[:COUNT] | --fault echo]...
+[--model NAME[,NAME...]] [--fault ID:KIND[:COUNT] | --fault echo]...
 
 Prints the pty path as its first line, then serves until killed (SIGTERM, SIGINT)."""
 
@@ -36,7 +36,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("protocol", choices=PROTOCOLS)
     p.add_argument("--ids", type=_ids, default=[1, 2, 3, 4, 5, 6])
     p.add_argument("--baud", type=int, default=1_000_000, help="wire timing; 0: answer at once")
-    p.add_argument("--model", default=None, help="e.g. xl330-m288, xl430-w250, sts3215")
+    p.add_argument(
+        "--model",
+        type=lambda text: text.split(","),
+        default=None,
+        help="e.g. xl330-m288, xl430-w250, sts3215; or one per ID, comma-separated",
+    )
     p.add_argument("--fault", dest="faults", type=_fault, action="append", default=[])
     args = p.parse_args(argv)
     if args.baud < 0:

@@ -23,9 +23,11 @@ from drivers.emulators import dynamixel, feetech
 from drivers.emulators.device import Device, Faults
 from drivers.emulators.faults import Fault, parse_fault
 from drivers.emulators.servo import EmulatedServo
+from drivers.feetech import table as feetech_table
 from drivers.servo.frames import Frame
 
 PROTOCOLS = ("dynamixel", "feetech")
+FEETECH_NUMBERS = {name: number for number, name in feetech_table.MODELS.items()}
 DEFAULT_MODEL = {"dynamixel": dxl_table.MODEL_BY_NAME["xl330-m288"].number, "feetech": 777}
 
 
@@ -37,8 +39,8 @@ def model_number(protocol: str, model: str | int | None) -> int:
         return int(model)
     if protocol == "dynamixel" and model in dxl_table.MODEL_BY_NAME:
         return dxl_table.MODEL_BY_NAME[model].number
-    if protocol == "feetech" and model == "sts3215":
-        return 777
+    if protocol == "feetech" and model in FEETECH_NUMBERS:
+        return FEETECH_NUMBERS[str(model)]
     raise ValueError(f"unknown {protocol} model {model!r}")
 
 
@@ -51,17 +53,26 @@ class Emulator:
         ids: Sequence[int] = (1, 2, 3, 4, 5, 6),
         *,
         baud: int = 1_000_000,
-        model: str | int | None = None,
+        model: str | int | Sequence[str | int] | None = None,
         faults: Iterable[Fault | str] = (),
     ) -> None:
+        """`model`: every servo's, or one per ID in their order (an arm of mixed models);
+        the protocol's default when None."""
         if protocol not in PROTOCOLS:
             raise ValueError(f"protocol must be one of {PROTOCOLS}, got {protocol!r}")
-        number = model_number(protocol, model)
+        if isinstance(model, list | tuple) and len(model) == 1:
+            model = model[0]
+        each = list(model) if isinstance(model, list | tuple) else [model] * len(ids)
+        if len(each) != len(ids):
+            raise ValueError(f"{len(each)} models for {len(ids)} ids: one per ID, or one for all")
+        numbers = [model_number(protocol, m) for m in each]
         module = dynamixel if protocol == "dynamixel" else feetech
         now = time.monotonic()
         self.protocol = protocol
         self.baud = baud
-        self.servos: dict[int, EmulatedServo] = {i: module.make_servo(i, number, now) for i in ids}
+        self.servos: dict[int, EmulatedServo] = {
+            i: module.make_servo(i, n, now) for i, n in zip(ids, numbers, strict=True)
+        }
         device_cls = dynamixel.DynamixelDevice if protocol == "dynamixel" else feetech.FeetechDevice
         self.device: Device = device_cls(self.servos)
         self.faults = Faults([f if isinstance(f, Fault) else parse_fault(f) for f in faults])

@@ -45,7 +45,7 @@ def start_emulator(
     ids: Sequence[int] = (1, 2, 3, 4, 5, 6),
     *,
     baud: int = 1_000_000,
-    model: str | None = None,
+    model: str | Sequence[str] | None = None,
     faults: Iterable[str] = (),
     timeout_s: float = 20.0,
 ) -> EmulatorProcess:
@@ -54,7 +54,7 @@ def start_emulator(
     argv = [sys.executable, "-m", "drivers.emulators", protocol, "--ids", ",".join(map(str, ids))]
     argv += ["--baud", str(baud)]
     if model:
-        argv += ["--model", model]
+        argv += ["--model", model if isinstance(model, str) else ",".join(model)]
     for fault in faults:
         argv += ["--fault", fault]
     # what it says when it fails to start

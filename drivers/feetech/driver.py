@@ -17,7 +17,7 @@ from drivers.feetech.codec import FeetechCodec
 from drivers.servo.bus import ServoBus
 from drivers.servo.calibration import Calibration
 from drivers.servo.joints import ServoJoints
-from drivers.servo.options import ServoOptions, fixed_rate
+from drivers.servo.options import ServoOptions, fixed_rate, known_models
 
 _EEPROM = (t.RETURN_DELAY_TIME, t.OPERATING_MODE + 1 - t.RETURN_DELAY_TIME)  # 7..33
 
@@ -34,10 +34,16 @@ class FeetechOptions(ServoOptions):
     def _baud(cls, baud: int) -> int:
         return fixed_rate(baud, t.BAUD_RATES.values(), "an STS3215")
 
+    @pydantic.field_validator("models")
+    @classmethod
+    def _models(cls, models: list[str]) -> list[str]:
+        return known_models(models, t.MODELS.values(), "Feetech")
+
 
 class FeetechJoints(ServoJoints):
     Options: ClassVar[type[ServoOptions]] = FeetechOptions
     protocol = "feetech"
+    model_names = t.MODELS
     software_direction = True
     state_block = t.STATE_BLOCK
     goal_register = (t.GOAL_POSITION, 2)

@@ -40,13 +40,16 @@ class Family:
     homing: int
     drive_mode: int | None  # Drive Mode register (bit 0: reverse), where the servo has one
     offset_sign: int  # Present = actual + offset_sign · offset
+    model: int  # Model Number register (2 bytes)
+    model_names: dict[int, str]  # model number → name, the models the driver knows
 
 
 FAMILIES = {
     "dynamixel": Family(DynamixelCodec, dxt.TORQUE_ENABLE, dxt.PRESENT_POSITION, 4, None,
-                        dxt.HOMING_OFFSET, dxt.DRIVE_MODE, +1),
+                        dxt.HOMING_OFFSET, dxt.DRIVE_MODE, +1, dxt.MODEL_NUMBER,
+                        dxt.MODEL_NAMES),
     "feetech": Family(FeetechCodec, ftt.TORQUE_ENABLE, ftt.PRESENT_POSITION, 2, 15,
-                      ftt.HOMING_OFFSET, None, -1),
+                      ftt.HOMING_OFFSET, None, -1, ftt.MODEL_NUMBER, ftt.MODELS),
 }  # fmt: skip
 
 
@@ -75,6 +78,13 @@ class HomingBus:
         if self.bus is None:
             raise RuntimeError("the bus is not open")
         return self.bus
+
+    def model_names(self, ids: Sequence[int]) -> dict[int, str]:
+        """Each servo's model by name (read, nothing written): "model number N" for one the
+        driver does not know."""
+        f, bus = self.family, self._bus()
+        numbers = {i: int.from_bytes(bus.read(i, f.model, 2), "little") for i in ids}
+        return {i: f.model_names.get(n, f"model number {n}") for i, n in numbers.items()}
 
     def torque_off(self, ids: Sequence[int]) -> None:
         for i in ids:

@@ -47,6 +47,7 @@ class ServoJoints(JointDriver):
     goal_register: ClassVar[tuple[int, int]]  # address, bytes
     torque_register: ClassVar[int]
     velocity_unit: ClassVar[float]  # raw velocity → rad/s
+    model_names: ClassVar[dict[int, str]]  # model number → name (the family's table)
 
     def __init__(self, names: Sequence[str], options: ServoOptions, context: DriverContext) -> None:
         self.names = tuple(names)
@@ -73,6 +74,11 @@ class ServoJoints(JointDriver):
             raise ValueError(
                 f"ids: one servo ID per joint ({len(names)}: {list(names)}), "
                 f"got {len(options.ids)}"
+            )
+        if options.models and len(options.models) != len(names):
+            raise ValueError(
+                f"models: one model per joint ({len(names)}: {list(names)}), or none (not "
+                f"checked), got {len(options.models)}"
             )
         unknown = [g for g in options.grippers if g not in names]
         if unknown:
@@ -151,6 +157,10 @@ class ServoJoints(JointDriver):
         )
         try:
             self._ping_all()
+            wrong = self._wrong_model()
+            if wrong is not None:  # before configure: nothing is written to another arm
+                self.close()
+                raise wrong
             self.configure(self.bus, self.calibration)
             self.bus.slack_s = o.timeout_ms / 1e3
         except BusError as exc:
@@ -253,6 +263,23 @@ class ServoJoints(JointDriver):
         for ident in self.ids:
             reply = bus.ping(ident)
             self.models[ident] = self.model_of(bus, ident, reply)
+
+    def _wrong_model(self) -> DriverFault | None:
+        """The first servo that answered as another model than joints.options.models says
+        (another arm on this port, a servo swapped), as a fault naming its joint; None when
+        every one matches, or no models are given."""
+        o = self.options
+        for name, ident, want in zip(self.names, self.ids, o.models, strict=False):
+            number = self.models.get(ident, 0)
+            got = self.model_names.get(number, f"model number {number}")
+            if got != want:
+                return DriverFault(
+                    f"{self.protocol} on {o.port}: joint {name!r} (servo {ident}) is a {got}, "
+                    f"joints.options.models says {want}: another arm on this port, or a servo "
+                    "swapped? Nothing was written to it",
+                    joint=name,
+                )
+        return None
 
     def model_of(self, bus: ServoBus, ident: int, ping: Reply) -> int:
         """The model number of a servo that answered a ping."""

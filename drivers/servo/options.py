@@ -9,6 +9,20 @@ import pydantic
 from drivers.base import DriverOptions
 
 
+def known_models(models: list[str], known: Iterable[str], servos: str) -> list[str]:
+    """`models` lowercased when each is a model `known` (a family's options validator),
+    else ValueError naming the first that is not, its place, and the known ones."""
+    names = sorted(known)
+    out = [m.lower() for m in models]
+    for i, m in enumerate(out):
+        if m not in names:
+            raise ValueError(
+                f"models[{i}] {models[i]!r} is not a {servos} model this driver knows "
+                f"({', '.join(names)})"
+            )
+    return out
+
+
 def fixed_rate(baud: int, rates: Iterable[int], servos: str) -> int:
     """`baud` when it is one of `rates`, the ones a servo family's Baud Rate register can
     hold a code for (a family's options validator), else ValueError naming them: a bus at
@@ -32,6 +46,10 @@ class ServoOptions(DriverOptions):
     budget_ms: float = pydantic.Field(12.0, gt=0, le=1000)  # a tick's read, all tries
     return_delay_us: int = pydantic.Field(0, ge=0, le=508)  # written to the servos at open
     low_latency: bool = True  # ask the kernel for low-latency mode at open
+    # the model each ID must answer as, in ids order (e.g. xl430-w250): a servo of another
+    # model (another arm on this port, a servo swapped) is refused at open, before anything
+    # is written to it; empty: not checked
+    models: list[str] = []
 
     @pydantic.field_validator("ids")
     @classmethod

@@ -20,7 +20,6 @@ from typing import Literal
 
 from drivers.dynamixel import packet as dxp
 from drivers.dynamixel import table as dxt
-from drivers.feetech import table as ftt
 from drivers.servo.bus import Reply, ServoBus
 from drivers.servo.homing import FAMILIES, Family, decode_register
 from drivers.servo.transport import SerialTransport
@@ -31,11 +30,7 @@ SCAN_SLACK_S = 0.015  # per ID of a scan: most IDs are empty, and 254 of them ar
 READ_BUDGET_S = 10.0  # all the configured servos' transactions
 SCAN_BUDGET_S = 8.0  # the whole scan
 SCAN_LAST_ID = {"dynamixel": 252, "feetech": 253}
-MODEL_NAMES = {
-    "dynamixel": {number: m.name for number, m in dxt.MODELS.items()},
-    "feetech": dict(ftt.MODELS),
-}
-MODEL_REGISTER = {"dynamixel": dxt.MODEL_NUMBER, "feetech": ftt.MODEL_NUMBER}  # 2 bytes
+MODEL_NAMES = {protocol: f.model_names for protocol, f in FAMILIES.items()}
 HOMING_SIGN_BIT = {"dynamixel": None, "feetech": 11}  # None: 4 bytes, two's complement
 
 
@@ -146,9 +141,7 @@ class Prober:
         try:
             errors.append(self.ask(codec.ping(ident), ident, codec.ping_data_length).error)
             out.answered = True
-            out.model = int.from_bytes(
-                self.read(ident, MODEL_REGISTER[self.protocol], 2, errors), "little"
-            )
+            out.model = int.from_bytes(self.read(ident, f.model, 2, errors), "little")
             sign_bit = HOMING_SIGN_BIT[self.protocol]
             offset = self.read(ident, f.homing, 4 if sign_bit is None else 2, errors)
             out.homing_offset = decode_register(offset, sign_bit)

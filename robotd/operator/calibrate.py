@@ -178,6 +178,23 @@ def _open(bus: HomingBus, port: str) -> None:
         ) from None
 
 
+def _same_models(
+    bus: HomingBus, ids: Sequence[int], names: Sequence[str], wants: Sequence[str]
+) -> None:
+    """CalibrationError, before anything is written, when a servo is not the model
+    joints.options.models names for its joint (another arm on this port: calibrating it
+    would save its ranges as this arm's); nothing when no models are named."""
+    if not wants:
+        return
+    got = bus.model_names(ids)
+    for name, ident, want in zip(names, ids, wants, strict=False):
+        if got[ident] != want:
+            raise CalibrationError(
+                f"joint {name!r} (servo {ident}) is a {got[ident]}, joints.options.models says "
+                f"{want}: another arm on this port, or a servo swapped? Nothing written"
+            )
+
+
 def _joint_range(
     bus: HomingBus, ids: Sequence[int], names: Sequence[str], op: Operator, ident: int
 ) -> tuple[int, int]:
@@ -210,6 +227,7 @@ def walk_through(cfg: Config, op: Operator) -> Calibration:
     )
     _open(bus, str(opts["port"]))
     try:
+        _same_models(bus, ids, names, [str(m).lower() for m in opts.get("models") or []])
         bus.torque_off(ids)
         op.say("Torque is off on every servo: the arm moves by hand now.")
         op.say(

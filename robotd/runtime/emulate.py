@@ -99,7 +99,11 @@ def start_emulation(cfg: Config) -> tuple[list[str], Callable[[], None]]:
     try:
         calibration = tmp / "calibration.json"
         save_calibration(emulated_calibration(cfg), calibration)
-        emulator = start_emulator(driver, ids, baud=int(opts.get("baud", 1_000_000)))
+        # the arm's own models, so that the driver's check at open passes
+        models = [str(m).lower() for m in opts.get("models") or []] or None
+        emulator = start_emulator(
+            driver, ids, baud=int(opts.get("baud", 1_000_000)), model=models
+        )
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
