@@ -202,6 +202,15 @@ class Worker:
         for pid in pids:
             wait_for(lambda p=pid: not _alive(p), f"copy {pid} gone")
 
+    def discard(self) -> None:
+        """After a test that stopped the worker its own way: killed if it still runs, its
+        directory removed (its socket and output)."""
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
+        self.client.close()
+        shutil.rmtree(self.dir, ignore_errors=True)
+
 
 def serve_fails(policy: str, *flags: str) -> tuple[int, str]:
     """`robotd serve` that must exit by itself: its exit code and output."""

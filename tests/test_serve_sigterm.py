@@ -31,6 +31,4 @@ def test_a_burst_of_sigterms_stops_the_worker() -> None:
                 raise AssertionError("the worker did not stop: " + worker.text()[-2000:]) from None
             assert code in (0, -signal.SIGTERM), (code, worker.text()[-2000:])
         finally:
-            if worker.proc.poll() is None:
-                worker.proc.kill()
-                worker.proc.wait()
+            worker.discard()
