@@ -1,5 +1,5 @@
 """A local worker's start is the daemon's own start-up: it is waited for policy.start_s
-whatever --duration says (which counts from READY), and one that lives but never serves is
+whatever --duration says (which counts from its serving), and one that lives but never serves is
 given up then, the error saying why and where (the local worker, its policy). A real daemon
 with a real local worker whose policy loads slowly, or never finishes loading."""
 

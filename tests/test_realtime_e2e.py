@@ -32,7 +32,7 @@ import pytest
 from robotd.trace.reader import read_all
 from tests.policy_util import ROOT, serve_child, short_dir
 
-DURATION_S = 3.0  # counted from READY (the local worker's start is not in it)
+DURATION_S = 3.0  # counted from serving (the local worker's start is not in it)
 
 STEP_POLICY = textwrap.dedent('''
     """Rows encode the step they are meant for on the gripper; checks what was played."""

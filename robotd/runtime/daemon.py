@@ -52,7 +52,6 @@ NOT_SERVING = (
     " stuck in its set-up"
 )
 FIRST_FRAME_WAIT_S = 10.0  # a camera process that is slow to start (a loaded machine, USB)
-START_MARGIN_S = 10.0  # asked of systemd beyond the waits start-up still has (the contract)
 
 
 class Daemon:
@@ -75,6 +74,7 @@ class Daemon:
         self.stop = anyio.Event()
         self.exit_code = 0
         self._control_code: int | None = None  # the control lane's exit code, if it exited
+        self._waiting = ""  # what start-up waits for, in words (systemd's STATUS)
         self.shared: Shared | None = None
         self.session: PolicySession | None = None
         self._scope: anyio.CancelScope | None = None  # start-up and run; a signal cancels it
@@ -158,6 +158,12 @@ class Daemon:
             log.error("the control lane did not start ticking within %g s", READY_TIMEOUT_S)
             self.exit_code = 1
             return
+        wait = self._worker_wait()
+        self._waiting = f"waiting up to {wait['wait_s']:g} s for {wait['source']} to answer hello"
+        # READY once the loop ticks: the robot is held safely and lane.sock takes the e-stop;
+        # a policy loading for minutes does not hold `systemctl start` (STATUS says why)
+        sdnotify.notify("READY=1", f"STATUS={self._unit_status()}")
+        tg.start_soon(sdnotify.watchdog_loop, self._unit_status)
         self.session = PolicySession(
             self.cfg,
             endpoint or local or "",
@@ -169,7 +175,7 @@ class Daemon:
         )
         self.session.trace = self.recorder  # uploads, refusals, reconnects (None: no trace)
         try:
-            contract = await self.session.connect(tg, **self._waiting_for_worker())
+            contract = await self.session.connect(tg, **wait)
         except (StartupError, ContractError) as exc:
             # A local worker alive that never answered its hello: its policy still loads (or
             # is stuck). One that answered and was refused (its contract) is serving.
@@ -190,23 +196,21 @@ class Daemon:
         await operator.start(tg)
         if self.opts.status:
             tg.start_soon(StatusLine(self.view).run)
-        sdnotify.notify("READY=1", f"STATUS=running at {self.cfg.control.hz:g} Hz")
-        tg.start_soon(sdnotify.watchdog_loop, lambda: self.view.state().get("state", "?"))
-        with anyio.move_on_after(self.opts.duration):  # --duration counts from READY
+        self._waiting = ""
+        sdnotify.notify(f"STATUS=running at {self.cfg.control.hz:g} Hz")
+        with anyio.move_on_after(self.opts.duration):  # --duration counts from serving
             await self.stop.wait()
 
-    def _waiting_for_worker(self) -> dict[str, Any]:
-        """`_worker_wait`, told to systemd: start-up may now last that long, and the first
-        frames' wait and a margin after it."""
-        wait = self._worker_wait()
-        status = f"waiting up to {wait['wait_s']:g} s for {wait['source']} to answer hello"
-        sdnotify.extend_start(wait["wait_s"] + FIRST_FRAME_WAIT_S + START_MARGIN_S, status)
-        return wait
+    def _unit_status(self) -> str:
+        """systemd's STATUS: the lane's state, and while start-up waits for the worker what
+        it waits for."""
+        state = str(self.view.state().get("state") or "starting")
+        return f"{state} ({self._waiting})" if self._waiting else state
 
     def _worker_wait(self) -> dict[str, Any]:
         """How long start-up waits for the worker's hello, and where its endpoint came
         from. policy.start_s for a local worker: its start (the policy loading) is this
-        daemon's own start-up, and --duration counts from READY; one that dies is noticed
+        daemon's own start-up, and --duration counts from serving; one that dies is noticed
         at once (worker_failed), one that lives on without serving (its policy stuck) is
         given up at start_s. A remote worker: start_s, or --duration if shorter (a run asked
         to last 3 s does not wait 30 for a worker elsewhere that does not answer)."""

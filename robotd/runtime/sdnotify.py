@@ -31,12 +31,6 @@ def notify(*fields: str) -> bool:
     return True
 
 
-def extend_start(seconds: float, status: str) -> bool:
-    """Ask systemd for `seconds` more of start-up from now (EXTEND_TIMEOUT_USEC: a policy
-    allowed minutes to load outlasts the unit's TimeoutStartSec), saying why in STATUS."""
-    return notify(f"EXTEND_TIMEOUT_USEC={int(seconds * 1e6)}", f"STATUS={status}")
-
-
 def tick_progress(ticks: int) -> None:
     """Record the control lane's tick counter (from its stats messages)."""
     global _ticks
