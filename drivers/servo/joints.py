@@ -29,7 +29,7 @@ from drivers.base import (
 )
 from drivers.servo.bus import BusError, Codec, Reply, ServoBus
 from drivers.servo.calibration import Calibration, Converter, resolve_path
-from drivers.servo.options import ServoOptions
+from drivers.servo.options import ServoOptions, wrong_model
 from drivers.servo.preflight import calibration_problems, port_problem, preflight
 from drivers.servo.reader import StateReader
 from drivers.servo.transport import SerialTransport, TransportError
@@ -269,17 +269,14 @@ class ServoJoints(JointDriver):
         (another arm on this port, a servo swapped), as a fault naming its joint; None when
         every one matches, or no models are given."""
         o = self.options
-        for name, ident, want in zip(self.names, self.ids, o.models, strict=False):
-            number = self.models.get(ident, 0)
-            got = self.model_names.get(number, f"model number {number}")
-            if got != want:
-                return DriverFault(
-                    f"{self.protocol} on {o.port}: joint {name!r} (servo {ident}) is a {got}, "
-                    f"joints.options.models says {want}: another arm on this port, or a servo "
-                    "swapped? Nothing was written to it",
-                    joint=name,
-                )
-        return None
+        got = {i: self.model_names.get(n, f"model number {n}") for i, n in self.models.items()}
+        wrong = wrong_model(self.names, self.ids, o.models, got)
+        if wrong is None:
+            return None
+        joint, words = wrong
+        return DriverFault(
+            f"{self.protocol} on {o.port}: {words} Nothing was written to it", joint=joint
+        )
 
     def model_of(self, bus: ServoBus, ident: int, ping: Reply) -> int:
         """The model number of a servo that answered a ping."""

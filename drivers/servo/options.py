@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping, Sequence
 
 import pydantic
 
@@ -21,6 +21,22 @@ def known_models(models: list[str], known: Iterable[str], servos: str) -> list[s
                 f"({', '.join(names)})"
             )
     return out
+
+
+def wrong_model(
+    names: Sequence[str], ids: Sequence[int], wants: Sequence[str], got: Mapping[int, str]
+) -> tuple[str, str] | None:
+    """(joint, words) for the first servo whose model (`got`, by ID) is not the one
+    `wants` names for its joint (joints.options.models); None when all match or none is
+    named."""
+    for name, ident, want in zip(names, ids, wants, strict=False):
+        if got.get(ident) != want:
+            return name, (
+                f"joint {name!r} (servo {ident}) is a {got.get(ident, 'servo of no model')}, "
+                f"joints.options.models says {want}: another arm on this port, or a servo "
+                "swapped?"
+            )
+    return None
 
 
 def fixed_rate(baud: int, rates: Iterable[int], servos: str) -> int:

@@ -33,6 +33,7 @@ from drivers.servo.calibration import (
 )
 from drivers.servo.homing import HomingBus
 from drivers.servo.lerobot import import_lerobot
+from drivers.servo.options import wrong_model
 from robotd.config import Config, load_config
 from robotd.errors import ConfigError
 
@@ -184,15 +185,9 @@ def _same_models(
     """CalibrationError, before anything is written, when a servo is not the model
     joints.options.models names for its joint (another arm on this port: calibrating it
     would save its ranges as this arm's); nothing when no models are named."""
-    if not wants:
-        return
-    got = bus.model_names(ids)
-    for name, ident, want in zip(names, ids, wants, strict=False):
-        if got[ident] != want:
-            raise CalibrationError(
-                f"joint {name!r} (servo {ident}) is a {got[ident]}, joints.options.models says "
-                f"{want}: another arm on this port, or a servo swapped? Nothing written"
-            )
+    wrong = wrong_model(names, ids, wants, bus.model_names(ids)) if wants else None
+    if wrong is not None:
+        raise CalibrationError(f"{wrong[1]} Nothing written")
 
 
 def _joint_range(
