@@ -55,10 +55,14 @@ def test_worker_back_says_what_it_acts_on(tmp_path: Path) -> None:
         # A running episode, the worker killed (it restarts): that one does go on.
         assert c.request("reset_done")["result"]["state"] == "IDLE"
         assert c.request("start")["result"]["state"] == "RUNNING"
-        _until(c, lambda st: st["episode"] == 2 and st["step"] >= 10, "episode 2 running")
+        before = _until(c, lambda st: st["episode"] == 2 and st["step"] >= 10, "episode 2")
+        assert before["wstep"] == before["step"], before  # one worker-side episode so far
         os.kill(_worker_pid(d), signal.SIGKILL)
         back = d.wait_line(r"policy worker back after", DEADLINE_S)
         assert back.rstrip().endswith("episode 2 goes on in a new worker-side episode"), back
+        # status counts the new worker-side episode's steps beside the operator episode's
+        _until(c, lambda st: st["wep"] != before["wep"] and 0 < st["wstep"] < st["step"],
+               "the new worker-side episode's steps")
     finally:
         c.close()
     d.signal(signal.SIGINT)

@@ -148,7 +148,7 @@ class Kernel:
             str(m.state), m.episode, self.wep, self.episode_steps, m.outcome, self.latch.shown(),
             len(pb.queue), pb.in_flight is not None, self.latch.torque_on, self.task,
             self.recorder.stale if m.state is State.RUNNING else (),
-            None if left is None else round(left * self.dt, 3), self._said,
+            None if left is None else round(left * self.dt, 3), self._said, max(0, self.step),
         )
 
     def set_contract(self, open_loop_horizon: int | None, rtc: bool = False) -> None:

@@ -282,6 +282,9 @@ class Status(_Msg, tag="state"):
     # the lane's count of the states it has said: the newest is the one to show, since the
     # up stream and lane.sock's e-stop answers are not ordered between them
     seq: Annotated[int, msgspec.Meta(ge=0)] = 0
+    # the step within the worker-side episode `wep`: what the policy's windows and chunks
+    # count by (it starts again when a lost copy resets the episode on the worker)
+    wstep: Annotated[int, msgspec.Meta(ge=0)] = 0
 
 
 class Stats(_Msg, tag="stats"):

@@ -81,7 +81,8 @@ def _counters(msg: dict[str, Any]) -> Table:
     t.add_row(
         "episode",
         f"{_num(_get(state, 'episode'))}  step {_num(_get(state, 'step'))}"
-        f"  worker episode {printable(_get(state, 'wep') or '—')}",
+        f"  worker episode {printable(_get(state, 'wep') or '—')}"
+        f" step {_num(_get(state, 'wstep'))}",
     )
     t.add_row(
         "rate",
