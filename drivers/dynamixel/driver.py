@@ -52,7 +52,6 @@ class DynamixelJoints(ServoJoints):
     Options: ClassVar[type[ServoOptions]] = DynamixelOptions
     options: DynamixelOptions
     protocol = "dynamixel"
-    model_names = t.MODEL_NAMES
     software_direction = False  # Drive Mode bit 0 reverses the servo itself
     state_block = t.STATE_BLOCK
     goal_register = (t.GOAL_POSITION, 4)

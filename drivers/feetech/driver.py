@@ -43,7 +43,6 @@ class FeetechOptions(ServoOptions):
 class FeetechJoints(ServoJoints):
     Options: ClassVar[type[ServoOptions]] = FeetechOptions
     protocol = "feetech"
-    model_names = t.MODELS
     software_direction = True
     state_block = t.STATE_BLOCK
     goal_register = (t.GOAL_POSITION, 2)

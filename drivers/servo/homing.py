@@ -53,6 +53,11 @@ FAMILIES = {
 }  # fmt: skip
 
 
+def model_name(family: Family, number: int) -> str:
+    """A model number by the name the family's table gives it, "model number N" else."""
+    return family.model_names.get(number, f"model number {number}")
+
+
 class HomingBus:
     """One arm's bus for calibration: see the module docstring."""
 
@@ -84,7 +89,7 @@ class HomingBus:
         driver does not know."""
         f, bus = self.family, self._bus()
         numbers = {i: int.from_bytes(bus.read(i, f.model, 2), "little") for i in ids}
-        return {i: f.model_names.get(n, f"model number {n}") for i, n in numbers.items()}
+        return {i: model_name(f, n) for i, n in numbers.items()}
 
     def torque_off(self, ids: Sequence[int]) -> None:
         for i in ids:

@@ -29,6 +29,7 @@ from drivers.base import (
 )
 from drivers.servo.bus import BusError, Codec, Reply, ServoBus
 from drivers.servo.calibration import Calibration, Converter, resolve_path
+from drivers.servo.homing import FAMILIES, model_name
 from drivers.servo.options import ServoOptions, wrong_model
 from drivers.servo.preflight import calibration_problems, port_problem, preflight
 from drivers.servo.reader import StateReader
@@ -47,7 +48,6 @@ class ServoJoints(JointDriver):
     goal_register: ClassVar[tuple[int, int]]  # address, bytes
     torque_register: ClassVar[int]
     velocity_unit: ClassVar[float]  # raw velocity → rad/s
-    model_names: ClassVar[dict[int, str]]  # model number → name (the family's table)
 
     def __init__(self, names: Sequence[str], options: ServoOptions, context: DriverContext) -> None:
         self.names = tuple(names)
@@ -269,7 +269,8 @@ class ServoJoints(JointDriver):
         (another arm on this port, a servo swapped), as a fault naming its joint; None when
         every one matches, or no models are given."""
         o = self.options
-        got = {i: self.model_names.get(n, f"model number {n}") for i, n in self.models.items()}
+        family = FAMILIES[self.protocol]
+        got = {i: model_name(family, n) for i, n in self.models.items()}
         wrong = wrong_model(self.names, self.ids, o.models, got)
         if wrong is None:
             return None

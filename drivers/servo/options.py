@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
 
 import pydantic
 
@@ -21,6 +22,12 @@ def known_models(models: list[str], known: Iterable[str], servos: str) -> list[s
                 f"({', '.join(names)})"
             )
     return out
+
+
+def configured_models(options: Mapping[str, Any]) -> list[str]:
+    """joints.options.models of a raw options table, as the options validator takes them
+    (lowercased); [] when not set."""
+    return [str(m).lower() for m in options.get("models") or []]
 
 
 def wrong_model(

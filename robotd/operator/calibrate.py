@@ -33,7 +33,7 @@ from drivers.servo.calibration import (
 )
 from drivers.servo.homing import HomingBus
 from drivers.servo.lerobot import import_lerobot
-from drivers.servo.options import wrong_model
+from drivers.servo.options import configured_models, wrong_model
 from robotd.config import Config, load_config
 from robotd.errors import ConfigError
 
@@ -222,7 +222,7 @@ def walk_through(cfg: Config, op: Operator) -> Calibration:
     )
     _open(bus, str(opts["port"]))
     try:
-        _same_models(bus, ids, names, [str(m).lower() for m in opts.get("models") or []])
+        _same_models(bus, ids, names, configured_models(opts))
         bus.torque_off(ids)
         op.say("Torque is off on every servo: the arm moves by hand now.")
         op.say(

@@ -27,6 +27,7 @@ from pathlib import Path
 
 from drivers.emulators.launch import start_emulator
 from drivers.servo.calibration import Calibration, JointCalibration, save_calibration
+from drivers.servo.options import configured_models
 from robotd.config import Config
 from robotd.errors import ConfigError
 
@@ -100,7 +101,7 @@ def start_emulation(cfg: Config) -> tuple[list[str], Callable[[], None]]:
         calibration = tmp / "calibration.json"
         save_calibration(emulated_calibration(cfg), calibration)
         # the arm's own models, so that the driver's check at open passes
-        models = [str(m).lower() for m in opts.get("models") or []] or None
+        models = configured_models(opts) or None
         emulator = start_emulator(
             driver, ids, baud=int(opts.get("baud", 1_000_000)), model=models
         )
