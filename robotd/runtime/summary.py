@@ -25,6 +25,10 @@ class RunSummary:
         self.last: Stats | None = None
         self.totals: dict[str, int] = {}
         self.tracking = Reservoir()
+        # from each episode's first played row on: the first chunk's wait (the arm held away
+        # from the target, as long as the policy takes to answer) says nothing of tracking
+        self.tracking_played = Reservoir()
+        self._episode: tuple[int, str] | None = None  # the episode a row has played in
         self.link: LinkCounters | None = None  # the policy link's, read live
         self.session: Any = None  # the policy session (its health, replies dropped)
         self.verdicts: list[dict[str, Any]] = []
@@ -45,9 +49,15 @@ class RunSummary:
         self._ask = ask
 
     def on_step(self, msg: Step) -> None:
+        key = (msg.ep, msg.wep)
+        if msg.target is not None and not msg.held:
+            self._episode = key
         gt = msg.gt
         if gt and "tracking_error" in gt:
-            self.tracking.add(float(gt["tracking_error"]))
+            error = float(gt["tracking_error"])
+            self.tracking.add(error)
+            if self._episode == key:
+                self.tracking_played.add(error)
 
     def uploads(self) -> dict[str, int]:
         """uploaded_frames, uploaded_bytes, inline_frames, skipped_frames, refused_frames
@@ -132,6 +142,7 @@ class RunSummary:
             "tracking_error": {
                 "mean": self.tracking.mean(),
                 "p95": self.tracking.percentile(95),
+                "played_mean": self.tracking_played.mean(),
             },
             "act_rtt_ms": self.act_rtt_ms(),
             "infer_ms": self.infer_ms(),
