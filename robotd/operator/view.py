@@ -147,35 +147,38 @@ def _lane_stale(screen: Screen) -> Text | None:
     )
 
 
+WARN = "bold black on yellow"
+ALARM = "bold white on red"
+
+
+def headlines(screen: Screen) -> list[tuple[str, str, str]]:
+    """What the screen must say before its counters, each as (word, detail, style): a
+    daemon starting or not serving, none at all, or an update too old to be live."""
+    if screen.msg is None and screen.starting:
+        return [("STARTING", screen.starting, WARN)]
+    if screen.msg is None:
+        return [("NO DAEMON", f"{screen.absent or 'nothing heard yet'}; waiting for one", ALARM)]
+    heads = []
+    if screen.starting:
+        heads.append(("NOT SERVING", screen.starting, WARN))
+    if screen.absent:
+        heads.append(("NO DAEMON", screen.absent, ALARM))
+    if screen.age_s is not None and screen.age_s > screen.stale_after_s:
+        heads.append(("STALE", f"last update {screen.age_s:.0f} s ago: what follows is old", WARN))
+    return heads
+
+
 def render(screen: Screen) -> Group:
     """The whole screen: a headline (state, or no daemon, or stale), the counters, keys."""
-    parts: list[Any] = []
-    head = Text(f"robotd  {screen.endpoint}", style="bold")
-    parts.append(head)
-    stale = screen.age_s is not None and screen.age_s > screen.stale_after_s
-    if screen.msg is None and screen.starting:
-        parts.append(Text(f" STARTING  {screen.starting}", style="bold black on yellow"))
-    elif screen.msg is None:
-        why = screen.absent or "nothing heard yet"
-        parts.append(Text(f" NO DAEMON  {why}; waiting for one", style="bold white on red"))
-    else:
-        if screen.starting:
-            parts.append(Text(f" NOT SERVING  {screen.starting}", style="bold black on yellow"))
-        if screen.absent:
-            parts.append(Text(f" NO DAEMON  {screen.absent}", style="bold white on red"))
-        if stale:
-            parts.append(
-                Text(
-                    f" STALE  last update {screen.age_s:.0f} s ago: what follows is old ",
-                    style="bold black on yellow",
-                )
-            )
+    parts: list[Any] = [Text(f"robotd  {screen.endpoint}", style="bold")]
+    parts += [Text(f" {word}  {detail}", style=style) for word, detail, style in headlines(screen)]
+    if screen.msg is not None:
         if (lane := _lane_stale(screen)) is not None:
             parts.append(lane)
         parts.append(_state_line(_get(screen.msg, "state")))
         parts.append(_counters(screen.msg))
     if screen.notice:
-        style = "bold green" if screen.notice_ok else "bold white on red"
+        style = "bold green" if screen.notice_ok else ALARM
         parts.append(Text(screen.notice, style=style))
     parts.append(Text("[e] E-STOP    [q] quit", style="bold"))
     return Group(*parts)
@@ -184,18 +187,11 @@ def render(screen: Screen) -> Group:
 def line(screen: Screen, stamp: str = "") -> str:
     """The screen as one plain line, for a watcher without a terminal: the headline (no
     daemon, stale, the state in words) and the main counters."""
-    head = f"{stamp} " if stamp else ""
-    if screen.msg is None and screen.starting:
-        return printable(f"{head}STARTING {screen.starting}")
+    heads = [f"{word} {detail}" for word, detail, _ in headlines(screen)]
+    head = " ".join(([stamp] if stamp else []) + (["; ".join(heads)] if heads else []))
     if screen.msg is None:
-        why = screen.absent or "nothing heard yet"
-        return printable(f"{head}NO DAEMON {why}; waiting for one")
-    if screen.starting:
-        head += f"NOT SERVING {screen.starting}; "
-    if screen.absent:
-        head += f"NO DAEMON {screen.absent}; "
-    if screen.age_s is not None and screen.age_s > screen.stale_after_s:
-        head += f"STALE last update {screen.age_s:.0f} s ago: "
+        return printable(head)
+    head += "; " if heads else (" " if stamp else "")
     state = _get(screen.msg, "state")
     fault = _get(state, "fault")
     if is_estop(state) and _get(fault, "cause") != "estop":
