@@ -22,6 +22,7 @@ from robotd import wire
 from robotd.operator.curve import set_curve_client
 from robotd.runtime.bridge import lane_endpoint
 from robotd.runtime.rundir import lock_holder
+from robotd.runtime.view import status_dict
 
 DEFAULT_TIMEOUT_S = 1.0
 MAX_REPLY_BYTES = 64 << 20
@@ -176,17 +177,6 @@ def request_once(
         client.close()
 
 
-def _status_dict(status: Any) -> dict[str, Any]:
-    import msgspec
-
-    if status is None:
-        return {}
-    out = msgspec.structs.asdict(status)
-    if getattr(status, "fault", None) is not None:
-        out["fault"] = msgspec.structs.asdict(status.fault)
-    return out
-
-
 def estop_via_lane(control_endpoint: str, reason: str, timeout_s: float) -> dict[str, Any]:
     """The e-stop straight to the control lane's own socket (lane.sock, beside
     control.sock), for when the main process does not answer: the lane's status once it
@@ -218,7 +208,7 @@ def estop_via_lane(control_endpoint: str, reason: str, timeout_s: float) -> dict
                     raise Unreachable(f"via lane.sock: {reply.message}")
                 if not reply.ok:
                     raise Unreachable(f"the control lane refused the e-stop: {reply.message}")
-                got = {**_status_dict(reply.status), "via": "lane.sock"}
+                got = {**status_dict(reply.status), "via": "lane.sock"}
                 return {**got, "written_ns": reply.written_ns}
     except zmq.ZMQError as exc:
         raise Unreachable(f"the control lane's socket {lane}: {exc}") from None
