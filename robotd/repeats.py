@@ -47,3 +47,34 @@ class Repeats:
         self._kinds.pop(kind, None)  # re-inserted last: the dict's order is the age order
         self._kinds[kind] = (now, 0)
         return Said(0, float("inf")) if seen is None else Said(seen[1], now - seen[0])
+
+
+class Burst:
+    """Say up to `limit` reports per `every_s` window of `clock` (all kinds together), then
+    count the rest for the next line said: for reports that each matter (every e-stop
+    pressed) but whose flood (a client's bug) must not bury the log."""
+
+    def __init__(
+        self, limit: int, every_s: float, *, clock: Callable[[], float] = time.monotonic
+    ) -> None:
+        if limit < 1 or not every_s > 0:
+            raise ValueError(f"Burst: need limit >= 1 and every_s > 0, got {limit}, {every_s}")
+        self.limit, self.every_s, self.clock = limit, float(every_s), clock
+        self._window = -float("inf")  # when the current window opened
+        self._said = 0  # said in it
+        self._unsaid = 0  # not said since the last line
+        self._last = -float("inf")  # when the last line was said
+
+    def say(self) -> Said | None:
+        """A report: what to add to its line when it is to be said now, None when it is to
+        stay quiet (it is counted for the next line)."""
+        now = self.clock()
+        if now - self._window >= self.every_s:
+            self._window, self._said = now, 0
+        if self._said >= self.limit:
+            self._unsaid += 1
+            return None
+        self._said += 1
+        said = Said(self._unsaid, now - self._last)
+        self._unsaid, self._last = 0, now
+        return said

@@ -95,3 +95,28 @@ def test_an_estop_before_the_policy_link_leaves_no_self_start_to_refuse() -> Non
     k.command("clear_fault")
     k.set_contract(4)  # a new worker's contract later: still no self-start
     assert k.machine.state == "IDLE"
+
+
+def test_a_flood_of_estops_is_logged_five_a_second_with_the_count_of_the_rest(caplog) -> None:
+    from robotd.config import load_config
+    from robotd.lane.messages import Event
+    from robotd.repeats import Burst
+    from robotd.runtime.events import PRESSES, EventLog
+    from robotd.runtime.summary import RunSummary
+
+    cfg = load_config(None, [])
+    log = EventLog(cfg.control, RunSummary(cfg.control.hz), lambda _wep: None)
+    clock = Clock()
+    log._presses = Burst(PRESSES, 1.0, clock=clock)  # the same limiter, on a fake clock
+    caplog.set_level(logging.INFO, "robotd")
+    for i in range(100):  # a client's bug: a hundred e-stops within a millisecond
+        log.on_event(Event("lane_estop", i, {"reason": f"press {i}"}))
+    lines = [r.getMessage() for r in caplog.records]
+    assert [line.split("'")[-2] for line in lines] == [f"press {i}" for i in range(PRESSES)]
+    clock.now += 1.0
+    log.on_event(Event("lane_estop", 100, {"reason": "press 100"}))
+    last = caplog.records[-1].getMessage()
+    assert "press 100" in last and f"+{100 - PRESSES} more in the last 1 s" in last, last
+    # a fault's first cause is never rate-limited, nor a repeating kind by this limiter
+    log.on_event(Event("fault", 101, {"cause": "driver", "detail": "bus gone"}))
+    assert "bus gone" in caplog.records[-1].getMessage()

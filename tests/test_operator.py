@@ -1,5 +1,6 @@
 """Operators drive a running daemon over the control socket; bad requests change nothing."""
 
+# ruff: noqa: F811 (the fixtures imported from tests.operator_util are named as params)
 from __future__ import annotations
 
 import os
@@ -13,28 +14,8 @@ import zmq
 
 from robotd import wire
 from robotd.operator.robotctl import ControlClient
-from tests.daemon_util import REPO, Daemon
-
-
-def _latched(tmp) -> Daemon:
-    d = Daemon(tmp, "--set", 'robot.start="latched"', "--set", "safety.estop_category=0")
-    d.wait_line(r"operator socket")
-    return d
-
-
-@pytest.fixture(scope="module")
-def daemon(tmp_path_factory):
-    d = _latched(tmp_path_factory.mktemp("op"))
-    yield d
-    d.signal()
-    assert d.wait_exit() == 0
-
-
-@pytest.fixture
-def client(daemon):
-    c = ControlClient(daemon.control_endpoint, timeout_s=15)  # generous: CI machines are loaded
-    yield c
-    c.close()
+from tests.daemon_util import REPO
+from tests.operator_util import client, daemon, latched  # noqa: F401 (fixtures)
 
 
 def raw_request(endpoint: str, payload: bytes) -> dict:
@@ -56,7 +37,7 @@ def test_socket_is_group_only(daemon):
 
 def test_starts_latched_then_operator_enables_motion(tmp_path):
     """A daemon of its own: the module's has had its latch cleared by the other tests."""
-    d = _latched(tmp_path)
+    d = latched(tmp_path)
     client = ControlClient(d.control_endpoint, timeout_s=15)
     try:
         _enables_motion_once_cleared(client)

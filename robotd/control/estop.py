@@ -6,7 +6,8 @@ mid-period latches and has a safe command written within about a millisecond, no
 next deadline. Each is acknowledged once its safe command is written (`Reply.written_ns`);
 when the driver could not write it (the bus gone, a servo not answering) the answer says
 so instead (ok false, code NOT_WRITTEN: latched, but the robot may not be stopped; the
-lane tries again every tick). Anything else is refused with a reply saying so, and counted.
+lane tries again every tick). An e-stop is carried out whatever else is wrong with its
+message (robotd.lane.salvage); anything else is refused with a reply saying why, and counted.
 """
 
 from __future__ import annotations
@@ -19,9 +20,12 @@ import zmq
 
 from robotd.control.kernel import Kernel
 from robotd.lane import codec
-from robotd.lane.messages import NOT_WRITTEN, Event, Reply, Status
+from robotd.lane.messages import MAX_TEXT, NOT_WRITTEN, Estop, Event, Reply, Status
+from robotd.lane.salvage import salvage_estop
 
 MAX_PER_CALL = 8
+MAX_FRAMES = 8  # of one message, searched for an e-stop
+MAX_SAID = 300
 
 
 class EstopDesk:
@@ -49,7 +53,8 @@ class EstopDesk:
         self.failed = failed
         self.bad = bad
         self.flush = flush
-        self.pending: list[tuple[bytes, int | None]] = []  # latched, not yet acknowledged
+        # latched, not yet acknowledged: (reply envelope, the e-stop's id)
+        self.pending: list[tuple[tuple[bytes, ...], int | None]] = []
         self._poller = zmq.Poller()
         self._poller.register(sock, zmq.POLLIN)
 
@@ -67,29 +72,54 @@ class EstopDesk:
             self._take(frames)
 
     def _take(self, frames: list[bytes]) -> None:
-        ident, body = frames[0], frames[-1]
-        try:
-            msg = codec.decode_estop(body)
-        except codec.LaneError as exc:
-            self.bad("lane_refused", f"lane.sock takes the e-stop only: {exc}")
-            self._answer(ident, Reply(None, False, code="refused", message="e-stop only"))
+        """Latch the e-stop in `frames` (in any of them, however malformed otherwise: see
+        robotd.lane.salvage), or refuse the message with a reply saying why."""
+        envelope = tuple(frames[:2]) if len(frames) > 2 and frames[1] == b"" else (frames[0],)
+        error = "an empty message"
+        for body in frames[len(envelope) :][:MAX_FRAMES]:
+            try:
+                msg = codec.decode_estop(body)
+            except codec.LaneError as exc:
+                got = salvage_estop(
+                    body,
+                    kind_key="k",
+                    reason_in_args=False,
+                    max_bytes=codec.MAX_ESTOP_BYTES,
+                    max_reason=MAX_TEXT,
+                    str_ids=False,
+                )
+                if got is None:
+                    error = str(exc)
+                    continue
+                self.bad("lane_estop_salvaged", f"an e-stop carried out despite: {exc}")
+                rid = got.rid if isinstance(got.rid, int) else None
+                msg = Estop(rid, got.reason, got.sent_ns or 0)
+            self._latch(envelope, msg)
             return
+        said = f"lane.sock takes the e-stop only: {error}"
+        self.bad("lane_refused", said)
+        self._answer(envelope, Reply(None, False, code="refused", message=said[:MAX_SAID]))
+
+    def _latch(self, envelope: tuple[bytes, ...], msg: Estop) -> None:
+        # A send time later than now (another clock's, or a client's bug) would supersede
+        # every command after it for good: the robot could never be cleared without a restart.
+        sent = min(msg.sent_ns, time.monotonic_ns())
         k = self.kernel
-        k.command("estop", msg.reason or "e-stop on lane.sock", sent_ns=msg.sent_ns)
+        k.command("estop", msg.reason or "e-stop on lane.sock", sent_ns=sent)
         k.emit(Event("lane_estop", k.counters.ticks, {"reason": msg.reason}))
-        self.pending.append((ident, msg.id))
+        self.pending.append((envelope, msg.id))
 
     def ack(self, written_ns: int) -> None:
         """Answer the latched e-stops: written at `written_ns`, or not (`failed()`)."""
         status, failed = self.kernel.status(), self.failed()
-        for ident, rid in self.pending:
-            self._answer(ident, written_reply(rid, status, written_ns, failed))
+        for envelope, rid in self.pending:
+            self._answer(envelope, written_reply(rid, status, written_ns, failed))
         self.pending.clear()
 
-    def _answer(self, ident: bytes, reply: Reply) -> None:
+    def _answer(self, envelope: tuple[bytes, ...], reply: Reply) -> None:
         # The asker may be gone or not reading: the e-stop itself latched anyway.
         with contextlib.suppress(zmq.ZMQError):
-            self.sock.send_multipart([ident, codec.encode(reply)], zmq.NOBLOCK)
+            self.sock.send_multipart([*envelope, codec.encode(reply)], zmq.NOBLOCK)
 
     def sleep(self, seconds: float) -> None:
         """The loop's sleep: wait `seconds`, taking any e-stop that arrives meanwhile at

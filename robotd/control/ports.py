@@ -53,7 +53,7 @@ class LanePorts:
         bind_private(self.down, spec.down, 0o600)
         self.estop = ctx.socket(zmq.ROUTER)
         self.estop.setsockopt(zmq.LINGER, 0)
-        self.estop.setsockopt(zmq.MAXMSGSIZE, 4096)
+        self.estop.setsockopt(zmq.MAXMSGSIZE, codec.MAX_ESTOP_BYTES)
         self.estop.setsockopt(zmq.SNDHWM, 100)
         bind_private(self.estop, spec.estop, 0o660)
 

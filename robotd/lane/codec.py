@@ -18,6 +18,7 @@ import msgspec
 from robotd.lane.messages import DownMsg, Estop, UpMsg
 
 MAX_MESSAGE_BYTES = 4 << 20  # a chunk of MAX_ROWS x MAX_JOINTS float64 rows and then some
+MAX_ESTOP_BYTES = 4096  # lane.sock's ZMQ_MAXMSGSIZE: a larger message drops its peer, unanswered
 
 
 class LaneError(ValueError):

@@ -15,9 +15,12 @@ from typing import Any
 
 import msgpack
 
+from robotd.lane.salvage import Salvaged, salvage_estop
+
 MAX_REQUEST_BYTES = 16 * 1024
 MAX_DEPTH = 4  # request → args → params.set → a list value
 MAX_ITEMS = 64  # entries in any map or list
+MAX_FRAMES = 8  # of one message, searched for an e-stop
 MAX_ID_LEN = 64
 MAX_KEY_LEN = 64
 MAX_TEXT = {"reason": 200, "task": 2000, "notes": 2000}
@@ -171,9 +174,42 @@ def _estop(msg: dict[str, Any]) -> Request:
     return Request(rid, "estop", {"reason": reason[: MAX_TEXT["reason"]]}, sent)
 
 
+def _salvage(data: bytes) -> Salvaged | None:
+    return salvage_estop(
+        data,
+        kind_key="cmd",
+        reason_in_args=True,
+        max_bytes=MAX_REQUEST_BYTES,
+        max_reason=MAX_TEXT["reason"],
+        str_ids=True,
+    )
+
+
+def split_request(frames: list[bytes]) -> tuple[list[bytes], bytes | None]:
+    """(reply envelope, the request frame) of a message as the ROUTER socket has it: a
+    DEALER sends [id, req], a REQ [id, b"", req]. Any other shape has no request frame
+    (None), unless one of its frames holds an e-stop (however malformed otherwise)."""
+    if len(frames) == 2:
+        return frames[:1], frames[1]
+    if len(frames) == 3 and frames[1] == b"":
+        return frames[:2], frames[2]
+    envelope = frames[:2] if len(frames) > 2 and frames[1] == b"" else frames[:1]
+    rest = frames[len(envelope) :][:MAX_FRAMES]
+    return envelope, next((f for f in rest if _salvage(f) is not None), None)
+
+
 def parse_request(data: bytes) -> Request:
-    """Validate one request frame; RequestError names what is wrong (and the id, if read)."""
-    msg = _decode(data)
+    """Validate one request frame; RequestError names what is wrong (and the id, if read).
+    An e-stop is taken even from a frame the strict decoding refuses (`salvage_estop`)."""
+    try:
+        msg = _decode(data)
+    except RequestError as exc:
+        if exc.code == "too_large":
+            raise
+        got = _salvage(data)
+        if got is None:
+            raise
+        return Request(got.rid, "estop", {"reason": got.reason}, got.sent_ns)
     if not isinstance(msg, dict):
         raise RequestError("bad_request", f"request must be a map, got {type(msg).__name__}")
     if msg.get("cmd") == "estop":

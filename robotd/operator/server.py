@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 import anyio
+import anyio.lowlevel
 import zmq
 import zmq.asyncio
 
@@ -41,6 +42,7 @@ from robotd.operator.requests import (
     RequestError,
     lane_args,
     parse_request,
+    split_request,
     summary,
 )
 from robotd.operator.words import printable
@@ -181,8 +183,12 @@ class OperatorServer:
     async def _serve(self, tg: anyio.abc.TaskGroup) -> None:
         try:
             while True:
+                # A queued request is received without a wait: without this yield a client
+                # that floods requests would hold the loop, and with it the up stream, the
+                # policy link and the watchdog, for as long as its queue lasts.
+                await anyio.lowlevel.checkpoint()
                 frames = await self.sock.recv_multipart()
-                envelope, payload = self._split(frames)
+                envelope, payload = split_request(frames)
                 if payload is None:
                     err = RequestError("bad_request", "a request is one msgpack frame")
                     await self._reply(envelope, None, err)
@@ -205,16 +211,6 @@ class OperatorServer:
             path = _ipc_path(self.control_ep)
             if path is not None:
                 path.unlink(missing_ok=True)
-
-    @staticmethod
-    def _split(frames: list[bytes]) -> tuple[list[bytes], bytes | None]:
-        """(reply envelope, the request frame): a DEALER sends [id, req], a REQ
-        [id, b"", req]; anything else has no request frame."""
-        if len(frames) == 2:
-            return frames[:1], frames[1]
-        if len(frames) == 3 and frames[1] == b"":
-            return frames[:2], frames[2]
-        return frames[:1], None
 
     async def _reply(self, envelope: list[bytes], rid: Any, result: Any) -> None:
         if isinstance(result, RequestError):
@@ -391,3 +387,4 @@ class OperatorServer:
             path = _ipc_path(self.telemetry_ep)
             if path is not None:
                 path.unlink(missing_ok=True)
+

@@ -11,7 +11,7 @@ from collections.abc import Callable, Mapping
 
 from robotd.config import ControlConfig
 from robotd.lane.messages import Event, Merged, Status, Step
-from robotd.repeats import Repeats
+from robotd.repeats import Burst, Repeats
 from robotd.runtime.summary import RunSummary
 from robotd.runtime.view import LATE_EVENT_S, LaneClock
 
@@ -39,6 +39,15 @@ WARNINGS = frozenset(
 # the first is logged, then one line every QUIET_S with how many there were.
 REPEATING = frozenset({"act_failed", "driver_error", "bad_chunk"})
 QUIET_S = 10.0
+# E-stops after the first: each is logged, but at most PRESSES a second (more than anyone
+# presses), so a client's bug that floods lane.sock cannot flood the log too.
+PRESSES = 5
+
+
+def _estop_again(ev: Event) -> bool:
+    """A lane.sock e-stop, or an e-stop that found FAULT already latched."""
+    later = ev.name == "fault" and "after" in ev.detail and ev.detail.get("cause") == "estop"
+    return later or ev.name == "lane_estop"
 
 
 def _repeat_key(ev: Event) -> str | None:
@@ -71,13 +80,14 @@ class EventLog:
         self.lane_clock = lane_clock  # when the lane took an event (None: not said)
         self._refill_warned = False
         self._quiet = Repeats(QUIET_S)
+        self._presses = Burst(PRESSES, 1.0)
         self._chunk_rows = 0  # rows of the last chunk merged (at the control rate)
 
     def on_event(self, ev: Event) -> None:
         level = logging.WARNING if ev.name in WARNINGS else logging.INFO
         key = _repeat_key(ev)
-        if key is not None:
-            said = self._quiet.say(key)
+        if key is not None or _estop_again(ev):
+            said = self._quiet.say(key) if key is not None else self._presses.say()
             if said is not None:
                 extra = f" (+{said.unsaid} more in the last {said.since_s:.0f} s)"
                 extra = extra if said.unsaid else ""
