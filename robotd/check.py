@@ -40,10 +40,10 @@ def check(loaded: Loaded, probe: Probe | None = None) -> int:
         why = str(exc).removeprefix("runtime.dir ")
         print(f"robotd: {loaded.blame('runtime.dir')}: {why}", file=sys.stderr)
         return 2
-    from robotd.check_policy import policy_problem
+    from robotd.check_policy import openpi_problem, policy_problem
 
     problems = joint_problems(loaded) + camera_problems(loaded)
-    problems += [p for p in (policy_problem(loaded),) if p is not None]
+    problems += [p for p in (policy_problem(loaded), openpi_problem(loaded)) if p is not None]
     if probe is not None:
         from robotd.check_probe import probe_check
 

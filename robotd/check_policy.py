@@ -42,6 +42,24 @@ def policy_problem(loaded: Loaded) -> str | None:
     return None if why is None else f"{loaded.blame('policy.serve')}: {spec!r}: {why}"
 
 
+def openpi_problem(loaded: Loaded) -> str | None:
+    """An openpi link to a wss:// server whose policy.openpi.ca_file cannot be read as a
+    CA bundle (the link's own words, as it says them when it connects); None when fine or
+    not judged. (policy.openpi.api_key_env is not: the unit's environment is not check's.)"""
+    policy = loaded.config.policy
+    ca_file = policy.openpi.ca_file
+    if policy.link != "openpi" or not ca_file or not policy.worker.lower().startswith("wss://"):
+        return None
+    from robotd.link.openpi.health import tls_context
+
+    try:
+        tls_context(ca_file)
+    except ValueError as exc:
+        why = str(exc).removeprefix("policy.openpi.ca_file ")
+        return f"{loaded.blame('policy.openpi.ca_file')}: {why}"
+    return None
+
+
 def serve_problem(spec: str) -> str | None:
     """What is wrong with MODULE:CLASS as far as files show, else None."""
     module, _, attr = spec.partition(":")

@@ -81,6 +81,20 @@ def test_a_set_of_the_joint_names_is_blamed_for_the_grippers_it_orphans():
     )
 
 
+def test_a_set_of_the_joint_names_is_blamed_for_the_limits_that_no_longer_fit():
+    said = error(None, 'joints.names=["a", "b"]')
+    assert "--set joints.names: joints.lower: needs one value per joint (2), got 3" in said
+    assert "--set joints.names: joints.upper: needs one value per joint (2), got 3" in said
+
+
+def test_a_set_that_makes_the_robot_real_is_blamed_for_its_episode_start():
+    camera = 'cameras.extra={driver="opencv", width=64, height=48, fps=30}'
+    rule = "'episode' (start moving by itself) is allowed for simulated robots"
+    assert f"--set cameras.extra: robot.start: {rule}" in error(None, camera)
+    assert f"--set joints.driver: robot.start: {rule}" in error(None, 'joints.driver="dynamixel"')
+    assert f"--set robot.start: {rule}" in error(None, camera, 'robot.start="episode"')
+
+
 def test_a_set_of_the_joint_names_is_blamed_for_the_servo_ids_that_no_longer_fit():
     koch = DEFAULT_CONFIG.parent / "koch.toml"
     sets = ['joints.names=["a", "b", "c"]', "joints.lower=[0, 0, 0]", "joints.upper=[1, 1, 1]"]

@@ -73,11 +73,12 @@ class Config(_Model):
         problems += self._check_camera_names()
         problems += self._check_rings()
         problems += self._check_frame_age()
-        if self.robot.start == "episode" and (
-            self.joints.driver != "sim" or any(c.driver != "sim" for c in self.cameras.values())
-        ):
+        real = [f"cameras.{n}" for n, c in self.cameras.items() if c.driver != "sim"]
+        real += ["joints.driver"] if self.joints.driver != "sim" else []
+        if self.robot.start == "episode" and real:
+            # named after robot.start: the --set that made the robot real, if one did
             text = "'episode' (start moving by itself) is allowed for simulated robots only"
-            problems.append((("robot.start",), f"{text}; a real robot starts 'latched'"))
+            problems.append((("robot.start", *real), f"{text}; a real robot starts 'latched'"))
         raise_any(problems)
         return self
 

@@ -220,7 +220,7 @@ class JointsConfig(_Model):
         for key in ("lower", "upper"):
             got = len(getattr(self, key))
             if got != n:
-                problems.append(((key,), f"needs one value per joint ({n}), got {got}"))
+                problems.append(((key, "names"), f"needs one value per joint ({n}), got {got}"))
         if not problems:
             for i, (lo, hi) in enumerate(zip(self.lower, self.upper)):
                 if not lo < hi:
