@@ -98,3 +98,19 @@ def test_a_request_flood_never_starves_the_daemon(daemon, client) -> None:
         for sock in flood:
             sock.close()
     assert ages and max(ages) < MAX_LANE_AGE_S, ages
+
+
+@pytest.mark.parametrize(
+    "data, words",
+    [
+        (b"\xc1", "not a msgpack message: a byte that starts no msgpack value"),
+        (b"\x91" * 10_000, "request nested deeper than 4 levels"),
+        (b"\xda\xff\xff", "not a msgpack message: Unpack failed: incomplete input"),
+    ],
+)
+def test_undecodable_bytes_are_refused_in_words(data: bytes, words: str) -> None:
+    from robotd.operator.requests import RequestError, parse_request
+
+    with pytest.raises(RequestError) as refused:
+        parse_request(data)
+    assert refused.value.code == "bad_request" and str(refused.value) == words

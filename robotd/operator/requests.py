@@ -89,7 +89,14 @@ def _decode(data: bytes) -> Any:
         raise RequestError("bad_request", "not a msgpack message: trailing bytes") from None
     except UnicodeDecodeError:
         raise RequestError("bad_request", "not a msgpack message: a string is not UTF-8") from None
-    except Exception as exc:  # msgpack raises ValueError, TypeError, StackError, FormatError…
+    except msgpack.StackError:
+        deep = f"request nested deeper than {MAX_DEPTH} levels"
+        raise RequestError("bad_request", deep) from None
+    except msgpack.FormatError:
+        raise RequestError(
+            "bad_request", "not a msgpack message: a byte that starts no msgpack value"
+        ) from None
+    except Exception as exc:  # msgpack raises ValueError, TypeError… with a message
         text = " ".join(str(exc).split())[:120] or type(exc).__name__
         raise RequestError("bad_request", f"not a msgpack message: {text}") from None
     if _too_deep(msg):
