@@ -161,3 +161,12 @@ def test_salvage_reads_the_operator_request_shape() -> None:
         str_ids=True,
     )
     assert got is not None and got.rid is None and got.sent_ns is None and got.reason == ""
+
+
+def test_the_main_process_hears_of_a_lane_sock_estop_in_its_tick(rig: LaneRig) -> None:
+    rig.estop.send(codec.encode(Estop(51, "hand in the way")))
+    wait_in_socket(rig.lane.ports.estop)
+    got = rig.tick()
+    assert answer(rig.estop).ok
+    states = [m for m in got if m["k"] == "state"]
+    assert states and states[-1]["state"] == "FAULT", got  # not only at the next stats

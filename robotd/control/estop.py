@@ -115,6 +115,9 @@ class EstopDesk:
         for envelope, rid in self.pending:
             self._answer(envelope, written_reply(rid, status, written_ns, failed))
         self.pending.clear()
+        # and up to the main process with this tick's batch: its status would otherwise
+        # show the state before the e-stop until the next stats (up to stats_interval_s)
+        self.kernel.emit(status)
 
     def _answer(self, envelope: tuple[bytes, ...], reply: Reply) -> None:
         # The asker may be gone or not reading: the e-stop itself latched anyway.
