@@ -10,6 +10,15 @@ import zmq
 
 from robotd.lane import codec
 
+# An orphaned lane's torque-off that does not get written: tried every tick this long
+ORPHAN_WRITE_S = 10.0
+
+
+def orphan_hold_s(orphan_s: float) -> float:
+    """The longest an orphaned lane (its main process gone) stays: control.orphan_s held,
+    then its torque-off tried every tick for ORPHAN_WRITE_S, and a margin to exit."""
+    return orphan_s + ORPHAN_WRITE_S + 2.0
+
 
 class ControlSpec(msgspec.Struct, forbid_unknown_fields=True):
     """The control process's single argument (json)."""

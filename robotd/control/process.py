@@ -36,7 +36,7 @@ from robotd.control.estop import EstopDesk, written_reply
 from robotd.control.histogram import LatencyHistogram
 from robotd.control.kernel import Kernel
 from robotd.control.playback import Chunk
-from robotd.control.ports import ControlSpec, LanePorts
+from robotd.control.ports import ORPHAN_WRITE_S, ControlSpec, LanePorts
 from robotd.control.rt import enable_realtime, freeze_gc, small_thread_stacks
 from robotd.control.tick import TickIO
 from robotd.control.ticker import OverrunLog, RateLimiter, Tick, Ticker
@@ -65,8 +65,6 @@ from robotd.shm import FrameRing, unlink_prefix
 log = logging.getLogger("robotd.control")
 
 MAX_INBOUND_PER_TICK = 32
-# An orphaned lane's torque-off that does not get written: tried every tick this long
-ORPHAN_WRITE_S = 10.0
 
 
 def open_joint_driver(cfg: Config, context: DriverContext) -> JointDriver:

@@ -21,7 +21,7 @@ import zmq
 from robotd import wire
 from robotd.operator.curve import set_curve_client
 from robotd.runtime.bridge import lane_endpoint
-from robotd.runtime.rundir import lock_holder
+from robotd.runtime.rundir import lock_holder, pid_alive
 from robotd.runtime.view import status_dict
 
 DEFAULT_TIMEOUT_S = 1.0
@@ -67,6 +67,12 @@ def starting(path: Path) -> str:
     pid = lock_holder(path.parent)
     if pid is None:
         return ""
+    if not pid_alive(pid):  # the lock lives on in its control lane (rundir.lock_run_dir)
+        return (
+            f"robotd pid {pid} is gone, and its control lane still holds the robot: it "
+            "holds, then applies its e-stop category and exits; an e-stop reaches it "
+            "(lane.sock)"
+        )
     words = (
         f"robotd pid {pid} is starting or stopping: its operator sockets open once its "
         "policy worker answers hello"
@@ -76,16 +82,19 @@ def starting(path: Path) -> str:
     return words
 
 
-def probe(endpoint: str) -> None:
+def probe(endpoint: str, daemon: bool = True) -> None:
     """Raise Unreachable at once when an ipc endpoint has no daemon behind it (no socket
-    file, not a socket, nobody listening: a stale file). tcp is left to the timeout."""
+    file, not a socket, nobody listening: a stale file). tcp is left to the timeout.
+    `daemon`: the endpoint is the daemon's own, so a missing or stale one is told apart
+    from a daemon starting or stopping (`starting`)."""
     path = ipc_path(endpoint)
     if path is None:
         return
     try:
         st = os.stat(path)
     except FileNotFoundError:
-        raise Unreachable(starting(path) or f"no daemon: {path} does not exist") from None
+        gone = f"no daemon: {path} does not exist"
+        raise Unreachable((daemon and starting(path)) or gone) from None
     except PermissionError:
         raise Unreachable(
             f"cannot reach {path}: permission denied (operators join the daemon's group: "
@@ -98,7 +107,8 @@ def probe(endpoint: str) -> None:
         try:
             s.connect(str(path))
         except ConnectionRefusedError:
-            raise Unreachable(f"no daemon listens on {path} (a stale socket file)") from None
+            stale = f"no daemon listens on {path} (a stale socket file)"
+            raise Unreachable((daemon and starting(path)) or stale) from None
         except PermissionError:
             raise Unreachable(f"cannot reach {path}: permission denied") from None
         except OSError as exc:
@@ -190,7 +200,7 @@ def estop_via_lane(control_endpoint: str, reason: str, timeout_s: float) -> dict
         raise Unreachable("no control lane socket to fall back on over tcp")
     lane = ipc_path(lane_endpoint(control.parent))
     assert lane is not None
-    probe(f"ipc://{lane}")
+    probe(f"ipc://{lane}", daemon=False)  # the daemon's state is said already
     rid = int(time.time() * 1000) % 1_000_000
     sock = zmq.Context.instance().socket(zmq.DEALER)
     sock.setsockopt(zmq.LINGER, 0)

@@ -150,8 +150,12 @@ class Children:
         on_worker_lost: Callable[[str], None],
         served: Callable[[], bool],
         config_dir: Path | None = None,
+        lock_fd: int | None = None,
     ) -> None:
         self.cfg = cfg
+        # the run directory's lock, held by the control lane too: a lane that outlives
+        # this process (holding the robot, then its e-stop) keeps the directory its own
+        self.lock_fd = lock_fd
         self.config_dir = config_dir
         self.sup = sup
         self._on_control_exit = on_control_exit
@@ -164,7 +168,9 @@ class Children:
     ) -> None:
         """The control process, the cameras and, given its endpoint, the local worker."""
         argv = control_argv(self.cfg, run_id, ends, shared, self.config_dir)
-        await self.sup.start(Child("control", argv, self._control_exit, env=CONTROL_ENV))
+        held = () if self.lock_fd is None else (self.lock_fd,)
+        lane = Child("control", argv, self._control_exit, env=CONTROL_ENV, pass_fds=held)
+        await self.sup.start(lane)
         for name in self.cfg.cameras:
             argv = camera_argv(self.cfg, name, shared, self.config_dir)
             await self.sup.start(Child(f"camera:{name}", argv, self._camera_exit))

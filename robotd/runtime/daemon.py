@@ -22,6 +22,7 @@ import zmq.asyncio
 
 from robotd.config import Config, runtime_dir
 from robotd.contract import ContractError
+from robotd.control.ports import orphan_hold_s
 from robotd.lane.messages import Shutdown
 from robotd.link.connect import StartupError, worker_endpoint_problem
 from robotd.link.session import PolicySession
@@ -62,7 +63,8 @@ class Daemon:
         self.opts = opts
         self.run_id = secrets.token_hex(3)
         self.dir = runtime_dir(cfg)
-        self._lock = lock_run_dir(self.dir)  # before any socket in it is touched
+        # before any socket in it is touched; the control lane inherits it (rundir)
+        self._lock = lock_run_dir(self.dir, orphan_hold_s(cfg.control.orphan_s))
         self.ctx = zmq.asyncio.Context()
         c = cfg.control
         silent_s = silent_after_s(c.hz, c.stats_interval_s)
@@ -122,6 +124,7 @@ class Daemon:
                     self.cfg,
                     sup,
                     config_dir=self.opts.config_dir,
+                    lock_fd=self._lock,
                     on_control_exit=self._control_exited,
                     on_worker_lost=self._worker_lost,
                     served=lambda: self.session is not None and self.session.served,

@@ -14,8 +14,10 @@ from __future__ import annotations
 import contextlib
 import errno
 import fcntl
+import logging
 import os
 import stat
+import time
 from pathlib import Path
 
 from robotd.link.connect import StartupError
@@ -23,6 +25,8 @@ from robotd.link.connect import StartupError
 PID_FILE = "robotd.pid"
 MAX_MODE = 0o750
 
+
+log = logging.getLogger("robotd")
 
 class RunDirError(StartupError):
     """The run directory cannot be used safely (or is in use); the message says why."""
@@ -129,13 +133,18 @@ def _open_pid_file(path: Path, dir_fd: int) -> int:
     return fd
 
 
-def lock_run_dir(path: Path) -> int:
+def lock_run_dir(path: Path, orphan_wait_s: float = 0.0) -> int:
     """Create (mode 0750) or check the run directory, then hold its pid file locked.
+
+    The daemon's control lane holds the lock too (it inherits the descriptor), so a lane
+    left holding the robot after its main process died keeps the directory: its lane.sock
+    still takes e-stops, and no second lane opens the same bus. Such a lane (the pid file's
+    daemon is gone) is waited for, up to `orphan_wait_s` (it exits within that).
 
     Refused with RunDirError: a symlink, a directory of another owner or with a mode
     wider than 0750, a pid file that is a symlink or not a plain file of ours, or a
-    directory in use by another daemon. Returns the pid file's descriptor (keep it
-    open: the lock lasts as long as it does).
+    directory in use by another daemon (or by an orphaned lane past `orphan_wait_s`).
+    Returns the pid file's descriptor (keep it open: the lock lasts as long as it does).
     """
     dir_fd = _open_dir(path)
     try:
@@ -143,17 +152,55 @@ def lock_run_dir(path: Path) -> int:
     finally:
         os.close(dir_fd)
     try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        holder = os.pread(fd, 32, 0).decode(errors="replace").strip() or "?"
+        _lock(fd, path, orphan_wait_s)
+    except RunDirError:
         os.close(fd)
-        raise RunDirError(
-            f"runtime.dir {path} is in use by robotd pid {holder} (lock {path / PID_FILE}); "
-            "give each daemon its own runtime.dir"
-        ) from None
+        raise
     os.ftruncate(fd, 0)
     os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
     return fd
+
+
+def _lock(fd: int, path: Path, orphan_wait_s: float) -> None:
+    """Take the pid file's lock, waiting for an orphaned control lane (its daemon gone)."""
+    deadline, said = time.monotonic() + orphan_wait_s, False
+    while True:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return
+        except BlockingIOError:
+            pass
+        text = os.pread(fd, 32, 0).decode(errors="replace").strip()
+        holder = int(text) if text.isdigit() else None
+        if holder is not None and pid_alive(holder):
+            raise RunDirError(
+                f"runtime.dir {path} is in use by robotd pid {holder} (lock "
+                f"{path / PID_FILE}); give each daemon its own runtime.dir"
+            )
+        if time.monotonic() >= deadline:
+            raise RunDirError(
+                f"runtime.dir {path} is held by the control lane of robotd pid "
+                f"{text or '?'}, which is gone: the lane holds the robot, then applies its "
+                f"e-stop category and exits, and it has not let go within {orphan_wait_s:g} "
+                "s (an e-stop reaches it on lane.sock)"
+            )
+        if not said:
+            said = True
+            log.warning(
+                "runtime.dir %s: the control lane of robotd pid %s, which is gone, still "
+                "holds the robot: waiting up to %g s for it to stop and exit",
+                path, text or "?", orphan_wait_s,
+            )
+        time.sleep(0.1)  # polled: flock has no timeout, and the wait is for another process
+
+
+def pid_alive(pid: int) -> bool:
+    """Whether process `pid` exists (a zombie counts as gone)."""
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return False
+    return state != "Z"
 
 
 def lock_holder(path: Path) -> int | None:

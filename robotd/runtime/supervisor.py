@@ -40,6 +40,7 @@ class Child:
     argv: Sequence[str]
     on_exit: ExitHandler | None = None
     env: Mapping[str, str] = field(default_factory=dict)  # on top of this process's
+    pass_fds: tuple[int, ...] = ()  # descriptors it inherits (the others close at exec)
     restart_delay_s: float = FIRST_S
     restart_max_s: float = MAX_S
     stable_s: float | None = None
@@ -80,7 +81,8 @@ class Supervisor:
     async def _spawn(self, child: Child) -> None:
         env = {**os.environ, **child.env, PARENT_ENV: str(os.getpid())}
         child.process = await anyio.open_process(
-            list(child.argv), stdin=None, stdout=None, stderr=None, env=env
+            list(child.argv), stdin=None, stdout=None, stderr=None, env=env,
+            pass_fds=child.pass_fds,
         )
         child.exited = anyio.Event()
         child.started_at = time.monotonic()
