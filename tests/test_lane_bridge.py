@@ -117,3 +117,28 @@ def test_an_estop_answer_is_not_undone_by_an_older_state_read_after_it(tmp_path:
         return seen
 
     assert anyio.run(main) == ["FAULT", "FAULT", "IDLE"]
+
+
+def test_an_estop_the_lane_never_acknowledges_times_out_in_words(tmp_path: Path) -> None:
+    """A lane that reads lane.sock and never answers (stopped, hung): the e-stop's timeout
+    says what did not happen, where it was a bare TimeoutError (logged as `timeout: `)."""
+
+    async def main() -> str:
+        ctx = zmq.asyncio.Context()
+        bridge = LaneBridge(ctx, tmp_path)
+        bridge.bind()
+        lane = zmq.Context.instance().socket(zmq.ROUTER)
+        lane.bind(bridge.estop_ep)
+        bridge.connect()
+        try:
+            with pytest.raises(TimeoutError) as late:
+                await bridge.estop("nobody answers", timeout_s=0.5)
+            assert lane.poll(5000), "the e-stop never reached lane.sock"
+            return str(late.value)
+        finally:
+            lane.close(linger=0)
+            bridge.close()
+            ctx.term()
+
+    said = anyio.run(main)
+    assert said.startswith("the control lane did not acknowledge the e-stop within 0.5 s"), said

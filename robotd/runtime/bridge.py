@@ -179,16 +179,25 @@ class LaneBridge:
             self._next_id += 1
             rid = self._next_id
             await self.estop_sock.send(codec.encode(Estop(rid, reason[:500], sent_ns)))
-            with anyio.fail_after(timeout_s):
-                while True:
-                    data = await self.estop_sock.recv()
-                    try:
-                        reply = codec.decode_up(data)
-                    except codec.LaneError:
-                        continue
-                    if isinstance(reply, Reply) and reply.id == rid:
-                        self._said(reply.status)
-                        return reply
+            try:
+                with anyio.fail_after(timeout_s):
+                    return await self._estop_reply(rid)
+            except TimeoutError:
+                raise TimeoutError(
+                    f"the control lane did not acknowledge the e-stop within {timeout_s:g} s "
+                    "(stopped or hung?): it is latched once the lane reads lane.sock"
+                ) from None
+
+    async def _estop_reply(self, rid: int) -> Reply:
+        while True:
+            data = await self.estop_sock.recv()
+            try:
+                reply = codec.decode_up(data)
+            except codec.LaneError:
+                continue
+            if isinstance(reply, Reply) and reply.id == rid:
+                self._said(reply.status)
+                return reply
 
     # ---- up ------------------------------------------------------------------------------
 
