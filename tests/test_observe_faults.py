@@ -511,3 +511,61 @@ def test_late_and_unknown_replies_are_dropped_and_counted(sockdir: Path) -> None
     finally:
         fake.close()
     assert late == 1 and unknown >= 2  # never handed to a request waiting meanwhile
+
+
+class Flooder(FakeRouter):
+    """Answers each request, after FLOOD replies naming requests that never were."""
+
+    FLOOD = 300
+
+    def _serve(self) -> None:
+        from robotd import wire
+
+        while not self.stop.is_set():
+            if not self.sock.poll(20):
+                continue
+            route, body = self.sock.recv_multipart()
+            msg = wire.unpackb(body)
+            for i in range(self.FLOOD):
+                self.sock.send_multipart([route, wire.packb({"id": 10**6 + i, "ok": True})])
+            result = {}
+            if msg.get("cmd") == "hello":
+                result = {"protocol": 1, "contract": {}, "endpoints": {}, "policy": "p:W"}
+            self.sock.send_multipart(
+                [route, wire.packb({"id": msg["id"], "ok": True, "result": result})]
+            )
+
+
+def test_a_flood_of_unknown_replies_is_counted_whole_and_logged_bounded(
+    sockdir: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    fake = Flooder(f"ipc://{sockdir}/f.sock")
+    fake.start()
+
+    async def main() -> int:
+        client = PolicyClient(f"ipc://{sockdir}/f.sock", timeout_s=15)
+        try:
+            await client.connect()
+            await client.end_episode("W")
+            return client.unknown_replies
+        finally:
+            await client.close()
+
+    try:
+        with caplog.at_level(logging.WARNING, logger="robotd.link"):
+            unknown = run(main)
+    finally:
+        fake.close()
+    assert unknown == 2 * Flooder.FLOOD  # every one counted
+    said = [r for r in caplog.records if "naming no request of ours" in r.getMessage()]
+    assert 1 <= len(said) <= 2, [r.getMessage() for r in said]  # once per 10 s at most
+
+
+def test_a_worker_error_message_is_cut_to_a_bound() -> None:
+    from robotd.link.replies import MAX_ERROR_TEXT, PolicyError, unwrap
+
+    error = {"code": "c" * 1000, "message": "m" * 100_000}
+    with pytest.raises(PolicyError) as refused:
+        unwrap({"id": 1, "ok": False, "error": error}, "act")
+    assert len(refused.value.code) == 64
+    assert refused.value.message == "m" * MAX_ERROR_TEXT + "… (100000 characters)"

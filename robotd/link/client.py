@@ -39,9 +39,11 @@ from robotd.link.replies import (
     unwrap,
 )
 from robotd.link.stream_dealer import StreamDealer
+from robotd.repeats import Repeats
 from robotd.stream.endpoint import is_stream
 
 log = logging.getLogger("robotd.link")
+DROPPED_QUIET_S = 10.0
 
 __all__ = ["ActResult", "Handshake", "PolicyClient", "PolicyError"]
 
@@ -79,6 +81,7 @@ class PolicyClient:
         self.timeout_s = timeout_s
         self.late_replies = 0  # replies to requests already given up (timed out): dropped
         self.unknown_replies = 0  # replies naming no request this client made: dropped
+        self._drops = Repeats(DROPPED_QUIET_S)  # their log lines, per kind
         self._abandoned: deque[int] = deque(maxlen=ABANDONED_KEPT)
         kind = StreamDealer if is_stream(endpoint) else LoopDealer
         self._dealer: LoopDealer | StreamDealer = kind(
@@ -260,7 +263,8 @@ class PolicyClient:
         try:
             reply = framed.unpack(frames)
         except wire.WireError as err:
-            log.warning("dropped an undecodable reply from %s: %s", self.endpoint, err)
+            self._dropped("undecodable", "dropped an undecodable reply from %s: %s",
+                          self.endpoint, err)  # fmt: skip
             return
         rid = reply.get("id") if isinstance(reply, dict) else None
         pending = self._pending.get(rid) if isinstance(rid, int) else None
@@ -268,7 +272,8 @@ class PolicyClient:
             _settle(pending, reply=reply)
         elif isinstance(rid, int) and rid in self._abandoned:
             self.late_replies += 1
-            log.warning(
+            self._dropped(
+                "late",
                 "dropped a late reply from %s: request %d had been given up (%d so far)",
                 self.endpoint,
                 rid,
@@ -276,12 +281,21 @@ class PolicyClient:
             )
         else:
             self.unknown_replies += 1
-            log.warning(
+            self._dropped(
+                "unknown",
                 "dropped a reply from %s naming no request of ours (id %.40r; %d so far)",
                 self.endpoint,
                 rid,
                 self.unknown_replies,
             )
+
+    def _dropped(self, kind: str, text: str, *args: Any) -> None:
+        """A dropped reply, logged at once and then at most every DROPPED_QUIET_S per kind
+        (with how many went unsaid): a worker that floods replies cannot flood the log."""
+        said = self._drops.say(kind)
+        if said is not None:
+            more = f" (+{said.unsaid} more in the last {said.since_s:.0f} s)" if said.unsaid else ""
+            log.warning(text + "%s", *args, more)
 
 
 def _settle(

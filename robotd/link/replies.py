@@ -23,6 +23,8 @@ PROTOCOL = 2  # the newest this client speaks (robotd.framed); it speaks 1 too
 PROTOCOLS = (1, 2)
 MAX_MISSING = 1 << 16  # (step, key) pairs a missing_steps reply may name
 MAX_PARAMS = 64
+MAX_ERROR_TEXT = 500  # of a worker error's message, as logged and passed on
+MAX_CODE = 64
 
 
 class PolicyError(Exception):
@@ -115,7 +117,9 @@ def unwrap(reply: dict[str, Any], cmd: str) -> dict[str, Any]:
     if not isinstance(code, str) or not isinstance(message, str):
         raise bad_reply(cmd, f"field 'error': code and message must be strings ({error!r:.200})")
     detail = {k: v for k, v in error.items() if k not in ("code", "message")}
-    raise PolicyError(code, message, detail)
+    if len(message) > MAX_ERROR_TEXT:  # it is logged with every failed act
+        message = f"{message[:MAX_ERROR_TEXT]}… ({len(message)} characters)"
+    raise PolicyError(code[:MAX_CODE], message, detail)
 
 
 def parse_handshake(result: dict[str, Any]) -> Handshake:
