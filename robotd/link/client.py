@@ -87,6 +87,8 @@ class PolicyClient:
         self._dealer: LoopDealer | StreamDealer = kind(
             endpoint, self._dispatch, max_message_bytes=max_reply_bytes
         )
+        if isinstance(self._dealer, StreamDealer):
+            self._dealer.on_lost = self._connection_lost
         self._ids = itertools.count(1)
         self._pending: dict[int, _Pending] = {}
         self.bytes_sent = 0  # request bytes sent, for the benchmarks
@@ -244,6 +246,15 @@ class PolicyClient:
             return reply.result
         assert reply is not None
         return unwrap(reply, cmd)
+
+    def _connection_lost(self, why: str) -> None:
+        """A byte stream dropped: every act sent on it fails now, not at its timeout (a
+        broken reply would otherwise cost the whole wait, the episode's patience too). The
+        other requests keep theirs: hello's wait says why the link is down, in its words."""
+        for pending in list(self._pending.values()):
+            if not pending.done and pending.cmd == "act":
+                error = PolicyError("connection_lost", f"the connection broke ({why})")
+                _settle(pending, error=error)
 
     def _expire(self, rid: int, timeout_s: float) -> None:
         """Request `rid` got no reply in time: its caller raises TimeoutError."""

@@ -68,6 +68,8 @@ class StreamDealer:
         self.connections = 0  # connections made (the first, then each reconnect)
         self.last_error = ""  # why the last dial failed ("" once one is up)
         self._mismatch = ""  # the peer speaks ZeroMQ: kept in last_error until it answers
+        # told why, each time a connection is dropped: what was sent on it is never answered
+        self.on_lost: Callable[[str], None] | None = None
 
     @property
     def is_open(self) -> bool:
@@ -158,6 +160,8 @@ class StreamDealer:
         self._hang_up()
         if self._loop is not None:
             self._retry = self._loop.call_later(RECONNECT_S, self._dial)
+        if self.on_lost is not None:
+            self.on_lost(why)
 
     def _hang_up(self) -> None:
         loop = self._loop
