@@ -75,7 +75,9 @@ def test_an_estop_is_served_through_a_burst_and_every_request_is_answered_once(r
     assert len(replies) == BURST, f"{len(replies)} replies to {BURST} requests"
     assert set(ids) == set(range(1, BURST + 1)) and max(ids.values()) == 1
     codes = Counter("ok" if r["ok"] else r["error"]["code"] for r in replies)
-    assert set(codes) <= {"ok", "bad_state", "busy"}, codes
+    # the operator loop takes one request per turn, so the e-stop interleaves with the
+    # burst: a reset_done taken before it, reaching the lane after it, is "superseded"
+    assert set(codes) <= {"ok", "bad_state", "busy", "superseded"}, codes
     busy = [r["error"]["message"] for r in replies if not r["ok"] and r["error"]["code"] == "busy"]
     assert all("already wait" in m or "queue is full" in m for m in busy), busy[:3]
 
