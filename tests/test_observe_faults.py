@@ -460,7 +460,32 @@ def test_timing_samples_stay_bounded() -> None:
     assert np.isfinite(counters.rtt_ms.percentile(99))
 
 
-class Wayward(FakeRouter):
+class Answering(FakeRouter):
+    """Serves requests one at a time (`on_request`); `answer` replies as a worker would."""
+
+    def _serve(self) -> None:
+        from robotd import wire
+
+        while not self.stop.is_set():
+            if self.sock.poll(20):
+                route, body = self.sock.recv_multipart()
+                self.on_request(route, wire.unpackb(body))
+
+    def on_request(self, route: bytes, msg: dict[str, Any]) -> None:
+        self.answer(route, msg)
+
+    def answer(self, route: bytes, msg: dict[str, Any]) -> None:
+        from robotd import wire
+
+        result = {}
+        if msg.get("cmd") == "hello":
+            result = {"protocol": 1, "contract": {}, "endpoints": {}, "policy": "p:W"}
+        self.sock.send_multipart(
+            [route, wire.packb({"id": msg["id"], "ok": True, "result": result})]
+        )
+
+
+class Wayward(Answering):
     """Answers the first act late (after the client gave it up) and each request also with
     a reply naming a request that never was."""
 
@@ -468,27 +493,17 @@ class Wayward(FakeRouter):
         super().__init__(endpoint)
         self.held: list[tuple[bytes, dict[str, Any]]] = []
 
-    def _serve(self) -> None:
+    def on_request(self, route: bytes, msg: dict[str, Any]) -> None:
         from robotd import wire
 
-        while not self.stop.is_set():
-            if not self.sock.poll(20):
-                continue
-            route, body = self.sock.recv_multipart()
-            msg = wire.unpackb(body)
-            self.sock.send_multipart([route, wire.packb({"id": 999_999, "ok": True})])
-            if msg.get("cmd") == "act" and not self.held:
-                self.held.append((route, msg))  # answered with the next request, too late
-                continue
-            for late_route, late in self.held:
-                self.sock.send_multipart([late_route, wire.packb({"id": late["id"], "ok": True})])
-            self.held.clear()
-            result = {}
-            if msg.get("cmd") == "hello":
-                result = {"protocol": 1, "contract": {}, "endpoints": {}, "policy": "p:W"}
-            self.sock.send_multipart(
-                [route, wire.packb({"id": msg["id"], "ok": True, "result": result})]
-            )
+        self.sock.send_multipart([route, wire.packb({"id": 999_999, "ok": True})])
+        if msg.get("cmd") == "act" and not self.held:
+            self.held.append((route, msg))  # answered with the next request, too late
+            return
+        for late_route, late in self.held:
+            self.sock.send_multipart([late_route, wire.packb({"id": late["id"], "ok": True})])
+        self.held.clear()
+        self.answer(route, msg)
 
 
 def test_late_and_unknown_replies_are_dropped_and_counted(sockdir: Path) -> None:
@@ -513,27 +528,17 @@ def test_late_and_unknown_replies_are_dropped_and_counted(sockdir: Path) -> None
     assert late == 1 and unknown >= 2  # never handed to a request waiting meanwhile
 
 
-class Flooder(FakeRouter):
+class Flooder(Answering):
     """Answers each request, after FLOOD replies naming requests that never were."""
 
     FLOOD = 300
 
-    def _serve(self) -> None:
+    def on_request(self, route: bytes, msg: dict[str, Any]) -> None:
         from robotd import wire
 
-        while not self.stop.is_set():
-            if not self.sock.poll(20):
-                continue
-            route, body = self.sock.recv_multipart()
-            msg = wire.unpackb(body)
-            for i in range(self.FLOOD):
-                self.sock.send_multipart([route, wire.packb({"id": 10**6 + i, "ok": True})])
-            result = {}
-            if msg.get("cmd") == "hello":
-                result = {"protocol": 1, "contract": {}, "endpoints": {}, "policy": "p:W"}
-            self.sock.send_multipart(
-                [route, wire.packb({"id": msg["id"], "ok": True, "result": result})]
-            )
+        for i in range(self.FLOOD):
+            self.sock.send_multipart([route, wire.packb({"id": 10**6 + i, "ok": True})])
+        self.answer(route, msg)
 
 
 def test_a_flood_of_unknown_replies_is_counted_whole_and_logged_bounded(
