@@ -6,12 +6,9 @@ The robot holds, the daemon never dies, and the episode goes on in a new one."""
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import signal
-import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -20,8 +17,9 @@ from typing import Any
 import pytest
 
 from robotd.operator.robotctl import ControlClient
-from tests.copy_util import ROOT, TESTS, Client, wait_for
+from tests.copy_util import wait_for
 from tests.daemon_util import Daemon
+from tests.worker_util import Worker
 
 SOAK = os.environ.get("ROBOTD_SOAK") == "1"
 LANE = ["--set", 'control.timing="realtime"', "--set", "policy.heartbeat_s=1"]
@@ -30,77 +28,6 @@ LANE = ["--set", 'control.timing="realtime"', "--set", "policy.heartbeat_s=1"]
 # backoff's cap 1 s (reached after 2.4 s of attempts, then tried at the cap).
 SHORT_TIMEOUTS = ["--set", "control.max_hold_steps=90", "--set", "policy.reconnect_max_s=1"]
 OUTLASTS_S = 5.0
-
-
-class Worker:
-    """`robotd serve tests/fault_policies:Recorder` at a fixed endpoint (so that it can be
-    killed and started again where the daemon looks for it), two copies, hang_s 1."""
-
-    def __init__(
-        self, root: Path, policy: str = "fault_policies:Recorder", scheme: str = "stream+ipc"
-    ) -> None:
-        self.root = root
-        # stream+ipc: the transport the daemon's own local worker listens on; ipc: ZeroMQ
-        self.endpoint = f"{scheme}://{root}/w.sock"
-        self.acts_path = root / "acts.jsonl"
-        self.policy = policy
-        self.proc: subprocess.Popen[str] | None = None
-        self.start()
-
-    def start(self) -> None:
-        env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(TESTS), str(ROOT)])}
-        argv = [sys.executable, "-m", "robotd", "serve", self.policy, "--bind", self.endpoint]
-        argv += ["--copies", "2", "--hang-s", "1", "--copy-memory-mib", "700"]
-        argv += ["--arg", f'path="{self.acts_path}"']
-        if self.policy.endswith("Recorder"):
-            argv += ["--arg", f'flags="{self.root}"']
-        self.log = (self.root / "worker.log").open("a")
-        self.proc = subprocess.Popen(argv, env=env, stdout=self.log, stderr=subprocess.STDOUT)
-        client = Client(self.endpoint)
-        try:
-            wait_for(lambda: self._ready(client), "the worker's copies to be ready")
-        finally:
-            client.close()
-
-    @staticmethod
-    def _ready(client: Client) -> bool:
-        try:
-            pool = client.ping(timeout=2)["pool"]
-        except AssertionError:
-            return False
-        return pool["ready"] >= 2 and pool["starting"] == 0
-
-    def copy_holding(self, episode: str) -> int:
-        client = Client(self.endpoint)
-        try:
-            copies = client.ping()["copies"]
-        finally:
-            client.close()
-        (pid,) = [c["pid"] for c in copies if c["episode"] == episode]
-        return pid
-
-    def flag(self, fault: str) -> None:
-        (self.root / fault).write_text("once")
-
-    def acts(self) -> list[dict[str, Any]]:
-        if not self.acts_path.exists():
-            return []
-        return [json.loads(line) for line in self.acts_path.read_text().splitlines() if line]
-
-    def kill(self) -> None:
-        assert self.proc is not None
-        self.proc.kill()
-        self.proc.wait(30)
-
-    def stop(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(30)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-        self.log.close()
 
 
 @pytest.fixture
@@ -135,20 +62,31 @@ def assert_fresh_start(act: dict[str, Any]) -> None:
     assert act["pos"][0] == act["pos"][1]
 
 
-def start_again_if_starved(d: Daemon, away_s: float, patience_s: float) -> None:
-    """Away longer than the robot's patience (max_hold_steps / hz): the watchdog ended the
-    episode (the robot holding); the operator starts the next one."""
-    if away_s <= patience_s:
-        return
-    starved = r"episode_end .*'outcome': 'starved'"
-    if not any(re.search(starved, line) for line in d.log):  # not logged yet
-        d.wait_line(starved, timeout=30)
-    client = ControlClient(d.control_endpoint, timeout_s=15)
-    try:
-        assert client.request("reset_done")["ok"]
-        assert client.request("start")["ok"]
-    finally:
-        client.close()
+STARVED = re.compile(r"episode_end .*'outcome': 'starved'")
+
+
+def acts_again(d: Daemon, worker: Worker, seen: int, what: str) -> None:
+    """Acts on the worker again (3 past the `seen` before). Away longer than the robot's
+    patience (max_hold_steps / hz; on a loaded machine the worker's own restart alone can
+    take that long), the watchdog ended the episode starved, the robot holding: then the
+    operator starts the next one, as one would."""
+    started_again = False
+
+    def acting() -> bool:
+        nonlocal started_again
+        if len(worker.acts()) >= seen + 3:
+            return True
+        if not started_again and any(STARVED.search(line) for line in d.log):
+            started_again = True
+            client = ControlClient(d.control_endpoint, timeout_s=15)
+            try:
+                assert client.request("reset_done")["ok"]
+                assert client.request("start")["ok"]
+            finally:
+                client.close()
+        return False
+
+    wait_for(acting, what)
 
 
 def finish(d: Daemon) -> dict[str, Any]:
@@ -226,8 +164,7 @@ def test_the_whole_worker_killed_and_started_again(
     seen = len(worker.acts())
     worker.start()
     d.wait_line(r"policy worker back after", timeout=60)
-    start_again_if_starved(d, away_s, patience_s)
-    wait_for(lambda: len(worker.acts()) >= seen + 3, "acts on the new worker")
+    acts_again(d, worker, seen, "acts on the new worker")
     s = finish(d)
     assert s["episode_resets"] >= 1 and s["reconnects"] == 1
     assert s["worker_gone_s"] >= min(away_s, 1) * 0.9
@@ -247,8 +184,7 @@ def test_a_stopped_worker_is_gone_then_back_and_its_late_replies_never_play(
         os.kill(worker.proc.pid, signal.SIGCONT)
     d.wait_line(r"policy worker back after", timeout=60)
     seen = len(worker.acts())
-    start_again_if_starved(d, stopped_s, patience_s)
-    wait_for(lambda: len(worker.acts()) >= seen + 3, "acts after SIGCONT")
+    acts_again(d, worker, seen, "acts after SIGCONT")
     s = finish(d)
     assert s["episode_resets"] >= 1 and s["stale_rows_played"] == 0
 

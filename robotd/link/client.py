@@ -93,6 +93,7 @@ class PolicyClient:
         self._pending: dict[int, _Pending] = {}
         self.bytes_sent = 0  # request bytes sent, for the benchmarks
         self.protocol = 1  # what the worker's hello said: 2 sends large arrays as frames
+        self.last_heard = time.monotonic()  # when the worker last sent anything (its liveness)
 
     @property
     def connect_error(self) -> str:
@@ -249,10 +250,12 @@ class PolicyClient:
 
     def _connection_lost(self, why: str) -> None:
         """A byte stream dropped: every act sent on it fails now, not at its timeout (a
-        broken reply would otherwise cost the whole wait, the episode's patience too). The
-        other requests keep theirs: hello's wait says why the link is down, in its words."""
+        broken reply would otherwise cost the whole wait, the episode's patience too), and
+        so does a ping (the next goes on the new connection: whoever answers it says which
+        worker process it is). The other requests keep theirs: hello's wait says why the
+        link is down, in its words."""
         for pending in list(self._pending.values()):
-            if not pending.done and pending.cmd == "act":
+            if not pending.done and pending.cmd in ("act", "ping"):
                 error = PolicyError("connection_lost", f"the connection broke ({why})")
                 _settle(pending, error=error)
 
@@ -265,6 +268,7 @@ class PolicyClient:
 
     def _dispatch(self, frames: list[bytes]) -> None:
         """Hand one reply (one frame, or framed) to the request it answers."""
+        self.last_heard = time.monotonic()
         typed = decode_act_reply(frames)
         if typed is not None:
             pending = self._pending.get(typed.id)

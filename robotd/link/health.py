@@ -9,6 +9,8 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from robotd.lane.messages import Status
+
 log = logging.getLogger("robotd.link")
 
 BACKOFF_FIRST_S = 0.2
@@ -62,11 +64,15 @@ class LinkHealth:
         self.losses += 1
         return True
 
-    def failed(self, reason: str) -> None:
-        """A reconnect attempt failed; logged when the reason is not the last one's."""
+    def failed(self, reason: str, *, answers: bool = False) -> None:
+        """A reconnect attempt failed; logged when the reason is not the last one's.
+        `answers`: the worker answered, but what it said cannot be used (its contract)."""
         if reason != self._last_failure:
             self._last_failure = reason
-            log.warning("policy worker still unreachable (%s); retrying", reason)
+            if answers:
+                log.warning("policy worker answers, but %s; retrying", reason)
+            else:
+                log.warning("policy worker still unreachable (%s); retrying", reason)
 
     def retry_delay(self) -> float:
         """The wait before the next attempt: doubling from 0.2 s up to backoff_max_s."""
@@ -87,3 +93,20 @@ class LinkHealth:
             "reconnects": self.reconnects,
             "worker_gone_s": round(self.gone_total_s + self.gone_s(), 1),
         }
+
+
+def back_words(st: Status | None, gone_ep: int) -> str:
+    """What a worker back acts on, by the lane's state `st` now; `gone_ep` the operator
+    episode that ran when it went (0: none), which may have ended meanwhile (starved,
+    stopped, a fault)."""
+    if st is None:
+        return "the control lane's state is not known yet"
+    if st.state == "RUNNING" and st.episode == gone_ep:
+        return f"episode {st.episode} goes on in a new worker-side episode"
+    if st.state == "RUNNING":
+        return f"episode {st.episode}, started while it was away, is served from now on"
+    after = {"FAULT": " (once the fault is cleared)", "IDLE": ""}.get(
+        st.state, " (after reset_done)"
+    )
+    ended = f"episode {gone_ep} ended while it was away; " if gone_ep else ""
+    return f"{ended}no episode is running ({st.state}): the next start{after} acts on it"

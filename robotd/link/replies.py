@@ -25,6 +25,7 @@ MAX_MISSING = 1 << 16  # (step, key) pairs a missing_steps reply may name
 MAX_PARAMS = 64
 MAX_ERROR_TEXT = 500  # of a worker error's message, as logged and passed on
 MAX_CODE = 64
+MAX_INSTANCE_LEN = 64  # a worker process's id, as its hello and pings say it
 
 
 class PolicyError(Exception):
@@ -80,6 +81,7 @@ class Handshake:
     features: frozenset[str] = frozenset()  # what it answers beyond hello/act/end_episode
     params: list[dict[str, Any]] = field(default_factory=list)  # its inference parameters
     protocol: int = 1  # what the link speaks: 2 sends large arrays as frames of their own
+    instance: str = ""  # the worker process's own id ("" if it does not say): see ping_instance
 
 
 @dataclass(slots=True)
@@ -125,9 +127,7 @@ def unwrap(reply: dict[str, Any], cmd: str) -> dict[str, Any]:
 def parse_handshake(result: dict[str, Any]) -> Handshake:
     protocol = result.get("protocol")
     if type(protocol) is not int or protocol not in PROTOCOLS:
-        raise bad_reply(
-            "hello", f"field 'protocol': {protocol!r:.40}, this client speaks 1 and 2"
-        )
+        raise bad_reply("hello", f"field 'protocol': {protocol!r:.40}, this client speaks 1 and 2")
     contract = result.get("contract")
     if not isinstance(contract, dict):
         raise bad_reply("hello", f"field 'contract': not a map ({type(contract).__name__})")
@@ -155,8 +155,23 @@ def parse_handshake(result: dict[str, Any]) -> Handshake:
             "hello", f"field 'limits': not a map of name -> integer > 0 ({limits!r:.100})"
         )
     features, params = _extras(result)
+    instance = result.get("instance", "")
+    if not (isinstance(instance, str) and len(instance) <= MAX_INSTANCE_LEN):
+        raise bad_reply(
+            "hello",
+            f"field 'instance': not a string of at most {MAX_INSTANCE_LEN} characters"
+            f" ({instance!r:.100})",
+        )
     return Handshake(
-        observations, actions, dict(endpoints), policy, limits, features, params, protocol
+        observations,
+        actions,
+        dict(endpoints),
+        policy,
+        limits,
+        features,
+        params,
+        protocol,
+        instance,
     )
 
 
@@ -182,6 +197,15 @@ def episode_lost(exc: PolicyError) -> str | None:
     cause = exc.detail.get("cause")
     cause = cause if isinstance(cause, str) else "lost"
     return f"{cause[:40]}: {exc.message[:300]}"
+
+
+def ping_instance(result: dict[str, Any]) -> str | None:
+    """The worker process a ping's answer comes from, when it says (a string of at most
+    MAX_INSTANCE_LEN characters): another than its hello's means the worker restarted."""
+    instance = result.get("instance")
+    if isinstance(instance, str) and 0 < len(instance) <= MAX_INSTANCE_LEN:
+        return instance
+    return None
 
 
 def ping_episode(result: dict[str, Any]) -> tuple[str, str] | None:

@@ -15,6 +15,7 @@ exponential backoff; asks meanwhile fail at once, saying why. Every change is lo
 from __future__ import annotations
 
 import logging
+import time
 from collections import deque
 from collections.abc import Callable, Mapping
 from typing import Any, Protocol
@@ -35,8 +36,8 @@ from robotd.link.connect import (
     hello_once,
 )
 from robotd.link.frame_tap import FrameTap
-from robotd.link.health import LinkHealth
-from robotd.link.replies import ping_episode
+from robotd.link.health import LinkHealth, back_words
+from robotd.link.replies import ping_episode, ping_instance
 from robotd.link.steps import LinkCounters, StepRing
 from robotd.link.uplink import UplinkTap
 from robotd.shm import FrameRing
@@ -44,6 +45,7 @@ from robotd.shm import FrameRing
 log = logging.getLogger("robotd.link")
 
 PING_EVERY_S = 0.02
+PING_WAIT_S = 1.0  # the most one ping waits for its answer (the heartbeat may be longer)
 
 
 class LinkTap(UplinkTap, FrameTap, Protocol):
@@ -193,20 +195,39 @@ class PolicySession:
                 await self._heartbeat(self.link, hb)
 
     async def _heartbeat(self, link: PolicyLink, hb: float) -> None:
+        """One ping. The worker is gone when nothing came from it for `hb`; a ping waits at
+        most PING_WAIT_S, so one lost on the way (its connection dropped, a restarted worker
+        behind it) costs that wait and not the whole heartbeat: the next ping asks whoever
+        answers now."""
+        client = link.client
         try:
             if "ping" in link.handshake.features:
                 asked = self._wep  # the reply may come after the lane moved on to a new one
-                got = await link.client.ping(asked or None, timeout_s=hb)
+                got = await client.ping(asked or None, timeout_s=min(hb, PING_WAIT_S))
+                if self._restarted(link, ping_instance(got)):
+                    return
                 said = ping_episode(got)
                 if said is not None and said[0] == "lost":
                     self.episode_lost(asked, said[1] or "lost")
-            else:
-                await link.client.connect(observe=True)  # an older worker: hello is its ping
+            else:  # an older worker: hello is its ping
+                self._restarted(link, (await link.client.connect(observe=True)).instance)
         except TimeoutError:
-            self.worker_gone(f"no heartbeat answered within {hb:g} s")
+            if time.monotonic() - client.last_heard >= hb:
+                self.worker_gone(f"no heartbeat answered within {hb:g} s")
         except PolicyError as exc:
-            if exc.code != "closed":
+            if exc.code not in ("closed", "connection_lost"):
                 self.worker_gone(f"heartbeat refused: {exc}")
+
+    def _restarted(self, link: PolicyLink, instance: str | None) -> bool:
+        """A heartbeat answered by another worker process than the one that said hello
+        (restarted within the heartbeat, its connection back before it was missed): it
+        holds none of our episode, and its contract may differ, so it is a worker gone and
+        back — hello again, its contract checked, a new worker-side episode."""
+        was = link.handshake.instance
+        if not was or not instance or instance == was:
+            return False
+        self.worker_gone(f"the worker restarted (another process answers: {instance}, was {was})")
+        return True
 
     def worker_gone(self, reason: str) -> None:
         """The worker is gone or unusable: the lane resets its episode, the robot holds, the
@@ -274,7 +295,7 @@ class PolicySession:
             )
         except (StartupError, ContractError) as exc:
             await client.close()
-            self.health.failed(f"its contract cannot be used: {exc}")
+            self.health.failed(f"its contract cannot be used: {exc}", answers=True)
             return
         self._install(link)
         self._back()
@@ -288,24 +309,9 @@ class PolicySession:
         self.counters.reconnects = self.health.reconnects
         if self.trace is not None:
             self.trace.link("reconnect", state="back", away_s=round(away, 3))
-        log.warning("policy worker back after %.1f s: %s", away, self._back_words())
-
-    def _back_words(self) -> str:
-        """What a worker back acts on, by the lane's state now (the episode that ran when
-        it went may have ended meanwhile: starved, stopped, a fault)."""
-        st, gone_ep = self.lane_status(), self._gone_episode
-        self._gone_episode = 0
-        if st is None:
-            return "the control lane's state is not known yet"
-        if st.state == "RUNNING" and st.episode == gone_ep:
-            return f"episode {st.episode} goes on in a new worker-side episode"
-        if st.state == "RUNNING":
-            return f"episode {st.episode}, started while it was away, is served from now on"
-        after = {"FAULT": " (once the fault is cleared)", "IDLE": ""}.get(
-            st.state, " (after reset_done)"
-        )
-        ended = f"episode {gone_ep} ended while it was away; " if gone_ep else ""
-        return f"{ended}no episode is running ({st.state}): the next start{after} acts on it"
+        gone_ep, self._gone_episode = self._gone_episode, 0
+        words = back_words(self.lane_status(), gone_ep)
+        log.warning("policy worker back after %.1f s: %s", away, words)
 
     # ---- the lane's messages -----------------------------------------------------------------
 

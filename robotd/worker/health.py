@@ -9,8 +9,11 @@ from robotd.worker.act_requests import ActRequests
 from robotd.worker.pool import Pool
 
 
-def health(pool: Pool, acts: ActRequests, started: float, episode: str | None) -> dict[str, Any]:
-    """The ping result (docs/protocol.md); with `episode`, what is known of that episode."""
+def health(
+    pool: Pool, acts: ActRequests, started: float, instance: str, episode: str | None
+) -> dict[str, Any]:
+    """The ping result (docs/protocol.md); `instance` this worker process's (as its hello
+    says); with `episode`, what is known of that episode."""
     now = time.monotonic()
     copies = [slot.health(now) for slot in pool.slots.values()]
 
@@ -20,6 +23,7 @@ def health(pool: Pool, acts: ActRequests, started: float, episode: str | None) -
     last = pool.last_loss
     out: dict[str, Any] = {
         "uptime_s": round(now - started, 3),
+        "instance": instance,
         "pool": {
             "wanted": pool.options.copies,
             "running": len(copies),

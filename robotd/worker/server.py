@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import gc
 import logging
+import secrets
 import signal
 import threading
 import time
@@ -125,6 +126,9 @@ class _Server:
         self.stream_wait_s = stream_wait_s
         self.options = copies or CopyOptions(copies=0)
         self.started = time.monotonic()
+        # Who answers: a new process says a new instance, so a daemon whose connection
+        # came back within its heartbeat still learns the worker restarted (hello again).
+        self.instance = secrets.token_hex(8)
         self.observe_ep: str | None = None
         self.hello_result: dict[str, Any] = {}
 
@@ -215,6 +219,7 @@ class _Server:
             "endpoints": {"observe": None},
             "limits": self.limits.to_wire(),
             "policy": self.spec,
+            "instance": self.instance,
             "features": FEATURES,
             "copies": {
                 "count": self.options.copies,
@@ -235,7 +240,7 @@ class _Server:
         return {**self.hello_result, "protocol": spoken, "endpoints": endpoints, "params": params}
 
     def _health(self, episode: str | None) -> dict[str, Any]:
-        return health(self.pool, self.acts, self.started, episode)
+        return health(self.pool, self.acts, self.started, self.instance, episode)
 
     def _reply(self, route: list[bytes], reply: dict[str, Any]) -> None:
         self.acts.send(route, reply)
