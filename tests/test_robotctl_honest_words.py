@@ -170,6 +170,11 @@ def test_status_prints_only_what_is_set_and_readably() -> None:
     gone = {**link, "state": "gone", "reason": "refused", "reconnects": 2, "worker_gone_s": 7.5}
     assert humane.link_words(gone).startswith("gone for 4 s: refused, policy demo:P")
     assert "2 reconnects" in humane.link_words(gone)
+    refused = {**gone, "not_back": "its contract cannot be used: actions.hz 0.0001"}
+    assert humane.link_words(refused).startswith(
+        "gone for 4 s: refused, not back: its contract cannot be used: actions.hz 0.0001, "
+        "policy demo:P"
+    )
     status = humane.status({"state": "RUNNING", "link": link})
     assert "link     up for 4 s" in status and "link link" not in status
 

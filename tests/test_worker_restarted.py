@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from robotd.operator.client import ControlClient
 from tests.copy_util import wait_for
 from tests.daemon_util import Daemon
 from tests.worker_util import Worker
@@ -70,6 +71,13 @@ def test_a_restarted_worker_whose_contract_cannot_be_used_is_refused(
     d.wait_line(r"policy worker gone: the worker restarted", 60)
     refused = d.wait_line(r"policy worker answers, but its contract cannot be used", 60)
     assert "actions.hz 0.0001 is outside 0.1..10000 Hz" in refused, refused
+    # and status says so: the worker is not away, what it serves is refused
+    c = ControlClient(d.control_endpoint, timeout_s=15)
+    try:
+        link = c.request("status")["result"]["link"]
+    finally:
+        c.close()
+    assert link["state"] == "gone" and "actions.hz 0.0001" in link["not_back"], link
     # The daemon goes on (holding), and takes the worker back once it serves a usable one.
     _restart(worker, "fault_policies:Recorder")
     d.wait_line(r"policy worker back after", 60)

@@ -90,6 +90,9 @@ class LinkHealth:
             "state": self.state,
             "for_s": round(self.clock() - self.since, 1),
             "reason": self.reason,
+            # while gone: why the last attempt to bring it back failed (a refused contract
+            # is not a worker that is away, and the operator should see which it is)
+            "not_back": self._last_failure if self.state == "gone" else "",
             "reconnects": self.reconnects,
             "worker_gone_s": round(self.gone_total_s + self.gone_s(), 1),
         }

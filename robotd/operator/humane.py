@@ -77,6 +77,7 @@ def _set(value: Any) -> bool:
 
 
 LINK_FIELDS = (
+    ("not_back", "not back: {}"),
     ("policy", "policy {}"),
     ("endpoint", "worker {}"),
     ("reconnects", "{} reconnects"),
