@@ -26,6 +26,7 @@ from robotd.lane.salvage import salvage_estop
 MAX_PER_CALL = 8
 MAX_FRAMES = 8  # of one message, searched for an e-stop
 MAX_SAID = 300
+LABEL = "e-stop on lane.sock"  # the reason of an e-stop that gave none (or none readable)
 
 
 class EstopDesk:
@@ -86,7 +87,8 @@ class EstopDesk:
                     reason_in_args=False,
                     max_bytes=codec.MAX_ESTOP_BYTES,
                     max_reason=MAX_TEXT,
-                    str_ids=False,
+                    max_str_id=None,
+                    label=LABEL,
                 )
                 if got is None:
                     error = str(exc)
@@ -105,7 +107,7 @@ class EstopDesk:
         # every command after it for good: the robot could never be cleared without a restart.
         sent = min(msg.sent_ns, time.monotonic_ns())
         k = self.kernel
-        k.command("estop", msg.reason or "e-stop on lane.sock", sent_ns=sent)
+        k.command("estop", msg.reason or LABEL, sent_ns=sent)
         k.emit(Event("lane_estop", k.counters.ticks, {"reason": msg.reason}))
         self.pending.append((envelope, msg.id))
 
