@@ -16,8 +16,8 @@ import zmq
 
 from robotd.lane import codec
 from robotd.lane.messages import Command, Estop, Reply
-from robotd.lane.salvage import salvage_estop
-from robotd.operator.requests import lane_args, parse_request
+from robotd.lane.salvage import MAX_BODIES, salvage_estop, split_envelope
+from robotd.operator.requests import lane_args, parse_request, split_request
 from tests.lane_util import LaneRig, wait_in_socket
 
 
@@ -217,3 +217,28 @@ def test_the_main_process_hears_of_a_lane_sock_estop_in_its_tick(rig: LaneRig) -
     assert answer(rig.estop).ok
     states = [m for m in got if m["k"] == "state"]
     assert states and states[-1]["state"] == "FAULT", got  # not only at the next stats
+
+
+@pytest.mark.parametrize(
+    ("frames", "envelope", "bodies"),
+    [
+        ([b"peer", b"m"], [b"peer"], [b"m"]),  # a DEALER's
+        ([b"peer", b"", b"m"], [b"peer", b""], [b"m"]),  # a REQ's: the delimiter kept
+        ([b"peer", b""], [b"peer"], [b""]),  # an empty body, not a delimiter
+        ([b"peer", b"", b"a", b"b"], [b"peer", b""], [b"a", b"b"]),
+        ([b"peer", b"a", b"", b"b"], [b"peer"], [b"a", b"", b"b"]),
+        ([b"peer"], [b"peer"], []),
+        ([b"peer", *[b"x"] * 20], [b"peer"], [b"x"] * MAX_BODIES),  # only so many searched
+    ],
+)
+def test_both_doors_split_a_message_by_one_rule(
+    frames: list[bytes], envelope: list[bytes], bodies: list[bytes]
+) -> None:
+    assert split_envelope(frames) == (envelope, bodies)
+    want = bodies[0] if len(bodies) == 1 else None  # none of these bodies is an e-stop
+    assert split_request(frames) == (envelope, want)
+
+
+def test_the_operator_door_finds_an_estop_among_a_req_clients_frames() -> None:
+    estop = pack({"id": 9, "cmd": "estop"})
+    assert split_request([b"peer", b"", b"junk", estop]) == ([b"peer", b""], estop)

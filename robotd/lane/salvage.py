@@ -4,7 +4,9 @@ Both doors that take an e-stop (the operator socket's `estop` request and lane.s
 `Estop`) carry one out whatever else is wrong with it: a reason that is not UTF-8, an
 unknown or deeply nested extra field, an id of the wrong type. Refusing it would leave the
 robot moving over a client's bug. What is salvaged is only what an e-stop needs, each field
-checked here; the strict decoder's error still goes to the log and the counters.
+checked here; the strict decoder's error still goes to the log and the counters. Both
+doors are ROUTER sockets and split a message into its reply envelope and bodies alike
+(`split_envelope`).
 """
 
 from __future__ import annotations
@@ -13,6 +15,8 @@ from dataclasses import dataclass
 from typing import Any
 
 import msgpack
+
+MAX_BODIES = 8  # of one message, searched for an e-stop
 
 
 @dataclass(frozen=True, slots=True)
@@ -25,6 +29,15 @@ class Salvaged:
     rid: int | str | None
     reason: str
     sent_ns: int | None
+
+
+def split_envelope(frames: list[bytes]) -> tuple[list[bytes], list[bytes]]:
+    """(the reply envelope, the bodies after it: at most MAX_BODIES) of a message as a
+    ROUTER socket has it. A DEALER's is [peer id, body, ...]; a REQ's [peer id, b"", body,
+    ...]: the empty delimiter stays in the envelope, because a REQ reads a reply only past
+    one. Two frames are always [peer id, body], an empty body included."""
+    envelope = frames[:2] if len(frames) > 2 and frames[1] == b"" else frames[:1]
+    return envelope, frames[len(envelope) :][:MAX_BODIES]
 
 
 def salvage_estop(

@@ -15,12 +15,11 @@ from typing import Any
 
 import msgpack
 
-from robotd.lane.salvage import Salvaged, salvage_estop
+from robotd.lane.salvage import Salvaged, salvage_estop, split_envelope
 
 MAX_REQUEST_BYTES = 16 * 1024
 MAX_DEPTH = 4  # request → args → params.set → a list value
 MAX_ITEMS = 64  # entries in any map or list
-MAX_FRAMES = 8  # of one message, searched for an e-stop
 MAX_ID_LEN = 64
 MAX_KEY_LEN = 64
 MAX_TEXT = {"reason": 200, "task": 2000, "notes": 2000}
@@ -174,16 +173,14 @@ def _salvage(data: bytes) -> Salvaged | None:
 
 
 def split_request(frames: list[bytes]) -> tuple[list[bytes], bytes | None]:
-    """(reply envelope, the request frame) of a message as the ROUTER socket has it: a
-    DEALER sends [id, req], a REQ [id, b"", req]. Any other shape has no request frame
-    (None), unless one of its frames holds an e-stop (however malformed otherwise)."""
-    if len(frames) == 2:
-        return frames[:1], frames[1]
-    if len(frames) == 3 and frames[1] == b"":
-        return frames[:2], frames[2]
-    envelope = frames[:2] if len(frames) > 2 and frames[1] == b"" else frames[:1]
-    rest = frames[len(envelope) :][:MAX_FRAMES]
-    return envelope, next((f for f in rest if _salvage(f) is not None), None)
+    """(reply envelope, the request frame) of a message as the ROUTER socket has it
+    (`split_envelope`): a DEALER sends [id, req], a REQ [id, b"", req]. Any other shape has
+    no request frame (None), unless one of its frames holds an e-stop (however malformed
+    otherwise)."""
+    envelope, bodies = split_envelope(frames)
+    if len(bodies) == 1:
+        return envelope, bodies[0]
+    return envelope, next((f for f in bodies if _salvage(f) is not None), None)
 
 
 def parse_request(data: bytes) -> Request:
