@@ -16,7 +16,8 @@ import zmq
 
 from robotd.lane import codec
 from robotd.lane.messages import Command, Estop, Reply
-from robotd.lane.salvage import salvage_estop
+from robotd.lane.salvage import MAX_BODIES, salvage_estop, split_envelope
+from robotd.operator.requests import lane_args, parse_request, split_request
 from tests.lane_util import LaneRig, wait_in_socket
 
 
@@ -49,7 +50,11 @@ MALFORMED_ESTOPS = {
     "sent_ns negative": (pack({"k": "estop", "id": 6, "sent_ns": -1}), 6, ""),
     "sent_ns a float": (pack({"k": "estop", "id": 7, "sent_ns": 1.5}), 7, ""),
     "reason not UTF-8": (b"\x83\xa1k\xa5estop\xa2id\x08\xa6reason\xa2\xff\xfe", 8, "\ufffd\ufffd"),
-    "reason a list": (pack({"k": "estop", "id": 9, "reason": [1, 2]}), 9, ""),
+    "reason a list": (
+        pack({"k": "estop", "id": 9, "reason": [1, 2]}),
+        9,
+        "e-stop on lane.sock (its reason was a list)",
+    ),
     "deep extra field": (pack({"k": "estop", "id": 10, "x": [[[[[[1]]]]]]}), 10, ""),
     "int map key": (pack({"k": "estop", "id": 11, 5: "five"}), 11, ""),
 }
@@ -143,24 +148,66 @@ def test_an_estop_sent_from_the_future_cannot_supersede_every_later_command(
 )
 def test_salvage_finds_no_estop_where_there_is_none(data: bytes) -> None:
     got = salvage_estop(
-        data, kind_key="k", reason_in_args=False, max_bytes=4096, max_reason=500, str_ids=False
+        data,
+        kind_key="k",
+        reason_in_args=False,
+        max_bytes=4096,
+        max_reason=500,
+        max_str_id=None,
+        label="lane",
     )
     assert got is None
 
 
+def _operator_salvage(data: bytes, max_str_id: int | None = 64):
+    return salvage_estop(
+        data,
+        kind_key="cmd",
+        reason_in_args=True,
+        max_bytes=16384,
+        max_reason=200,
+        max_str_id=max_str_id,
+        label="operator e-stop",
+    )
+
+
 def test_salvage_reads_the_operator_request_shape() -> None:
     data = pack({"id": "a" * 64, "cmd": "estop", "args": {"reason": "r" * 300}, "sent_ns": 5})
-    got = salvage_estop(
-        data, kind_key="cmd", reason_in_args=True, max_bytes=16384, max_reason=200, str_ids=True
-    )
+    got = _operator_salvage(data)
     assert got is not None and got.rid == "a" * 64 and got.reason == "r" * 200
     assert got.sent_ns == 5
     long_id = pack({"id": "a" * 65, "cmd": "estop", "sent_ns": 0})
-    got = salvage_estop(
-        long_id, kind_key="cmd", reason_in_args=True, max_bytes=16384, max_reason=200,
-        str_ids=True,
-    )
+    got = _operator_salvage(long_id)
     assert got is not None and got.rid is None and got.sent_ns is None and got.reason == ""
+
+
+def test_the_id_limit_is_the_callers() -> None:
+    data = pack({"id": "abcd", "cmd": "estop"})
+    assert _operator_salvage(data, max_str_id=4).rid == "abcd"
+    assert _operator_salvage(data, max_str_id=3).rid is None
+    assert _operator_salvage(data, max_str_id=None).rid is None  # integer ids only
+    assert _operator_salvage(pack({"id": 7, "cmd": "estop"}), max_str_id=None).rid == 7
+
+
+@pytest.mark.parametrize(
+    ("reason", "said"),
+    [
+        (7, "operator e-stop (its reason was an int)"),
+        ([1, 2], "operator e-stop (its reason was a list)"),
+        (b"stop", "operator e-stop (its reason was a bytes)"),
+        (None, ""),  # no reason given: the door's own words, later
+    ],
+)
+def test_an_operator_estop_with_a_reason_of_the_wrong_type_says_so_however_it_came(
+    reason: Any, said: str
+) -> None:
+    # the same words whether the request passes the strict decoding or not: one path
+    strict = pack({"id": 1, "cmd": "estop", "args": {"reason": reason}})
+    malformed = pack({"id": 1, "cmd": "estop", "args": {"reason": reason}, 5: [[[[[1]]]]]})
+    for data in (strict, malformed):
+        req = parse_request(data)
+        assert (req.cmd, req.rid, req.args) == ("estop", 1, {"reason": said}), req
+    assert lane_args(parse_request(strict)) == {"reason": said or "operator e-stop"}
 
 
 def test_the_main_process_hears_of_a_lane_sock_estop_in_its_tick(rig: LaneRig) -> None:
@@ -170,3 +217,28 @@ def test_the_main_process_hears_of_a_lane_sock_estop_in_its_tick(rig: LaneRig) -
     assert answer(rig.estop).ok
     states = [m for m in got if m["k"] == "state"]
     assert states and states[-1]["state"] == "FAULT", got  # not only at the next stats
+
+
+@pytest.mark.parametrize(
+    ("frames", "envelope", "bodies"),
+    [
+        ([b"peer", b"m"], [b"peer"], [b"m"]),  # a DEALER's
+        ([b"peer", b"", b"m"], [b"peer", b""], [b"m"]),  # a REQ's: the delimiter kept
+        ([b"peer", b""], [b"peer"], [b""]),  # an empty body, not a delimiter
+        ([b"peer", b"", b"a", b"b"], [b"peer", b""], [b"a", b"b"]),
+        ([b"peer", b"a", b"", b"b"], [b"peer"], [b"a", b"", b"b"]),
+        ([b"peer"], [b"peer"], []),
+        ([b"peer", *[b"x"] * 20], [b"peer"], [b"x"] * MAX_BODIES),  # only so many searched
+    ],
+)
+def test_both_doors_split_a_message_by_one_rule(
+    frames: list[bytes], envelope: list[bytes], bodies: list[bytes]
+) -> None:
+    assert split_envelope(frames) == (envelope, bodies)
+    want = bodies[0] if len(bodies) == 1 else None  # none of these bodies is an e-stop
+    assert split_request(frames) == (envelope, want)
+
+
+def test_the_operator_door_finds_an_estop_among_a_req_clients_frames() -> None:
+    estop = pack({"id": 9, "cmd": "estop"})
+    assert split_request([b"peer", b"", b"junk", estop]) == ([b"peer", b""], estop)

@@ -48,7 +48,7 @@ def test_episode_end_and_status_count_the_operator_episodes_steps(tmp_path: Path
     try:
         old = until(lambda st: st.get("state") == "RUNNING" and st["step"] >= 40, "40 steps")
         os.kill(_worker_pid(d), signal.SIGKILL)
-        d.wait_line(r"episode_reset .*local worker exited", DEADLINE_S)
+        d.wait_line(r"episode_reset .*local worker killed by SIGKILL", DEADLINE_S)
         until(lambda st: st["wep"] != old["wep"], "the new worker-side episode")
         new = until(lambda st: st["wep"] != old["wep"] and st["step"] >= old["step"] + 60,
                     "60 more steps")

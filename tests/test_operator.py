@@ -295,6 +295,8 @@ def test_an_estop_is_carried_out_whatever_is_wrong_with_its_arguments(daemon, cl
     fault = reply["result"]["fault"]
     assert reply["result"]["state"] == "FAULT" and fault["cause"] == "estop"
     assert len(fault["detail"]) <= 200
+    if args["reason"] == 7:  # named, not dropped: the fault shows a reason was given
+        assert fault["detail"] == "operator e-stop (its reason was an int)", fault
     client.request("clear_fault")
 
 

@@ -80,6 +80,26 @@ def test_an_estop_among_other_frames_is_carried_out(daemon, client, where: str) 
     assert reply["ok"] is True and reply["result"]["state"] == "FAULT", reply
 
 
+@pytest.mark.parametrize("frames", [1, 2])
+def test_a_req_client_gets_its_answers(daemon, client, frames: int) -> None:
+    # REQ puts an empty delimiter before its message and reads a reply only past one
+    assert client.request("clear_fault")["ok"]
+    estop = pack({"id": 9, "cmd": "estop", "args": {"reason": "via REQ"}})
+    sock = zmq.Context.instance().socket(zmq.REQ)
+    sock.setsockopt(zmq.LINGER, 0)
+    sock.connect(daemon.control_endpoint)
+    try:
+        sock.send(pack({"id": 8, "cmd": "status"}))
+        assert sock.poll(15_000), "no reply to a REQ client's status"
+        assert wire.unpackb(sock.recv())["id"] == 8
+        sock.send_multipart([estop] if frames == 1 else [b"junk", estop])
+        assert sock.poll(15_000), "no reply to a REQ client's e-stop"
+        reply = wire.unpackb(sock.recv())
+    finally:
+        sock.close()
+    assert reply["ok"] is True and reply["id"] == 9 and reply["result"]["state"] == "FAULT"
+
+
 def test_a_request_flood_never_starves_the_daemon(daemon, client) -> None:
     """Ten clients queue a thousand requests each and read nothing back: meanwhile the main
     process keeps reading the control lane (its newest word stays young)."""

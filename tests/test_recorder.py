@@ -110,7 +110,7 @@ def test_operator_commands_verdicts_and_lane_drops(rec):
     rec.feed(Event("episode_end", 20, {"episode": 1, "wep": "r-1", "outcome": "stopped"}))
     rec.operator("verdict", {"success": True, "notes": "clean"}, None,
                  {"episode": 1, "success": True, "notes": "clean", "time": 1.0})
-    rec.link("reconnect", cause="local worker exited with code -9")
+    rec.link("reconnect", cause="local worker killed by SIGKILL")
     msgs, _ = _read(rec)
     ops = [m.record for m in msgs if m.topic == "/operator"]
     assert ops == [{"cmd": "start", "args": {"task": "x"}, "ok": False,

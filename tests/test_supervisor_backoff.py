@@ -13,6 +13,7 @@ import anyio
 import pytest
 
 from robotd.backoff import Backoff, ordinal
+from robotd.exits import exit_words
 from robotd.runtime.supervisor import Child, Supervisor
 
 DEADLINE_S = 120.0  # generous: a loaded 2-core machine starts processes slowly
@@ -175,3 +176,21 @@ def test_an_exit_is_one_line_saying_what_it_means_and_what_comes_next(caplog) ->
                           "restart in a row"), first
     assert last.endswith(": its frames go stale, no act is asked"), last  # not restarted
     assert {r.levelno for r in records} == {logging.ERROR}
+
+
+def test_a_child_killed_by_a_signal_is_said_to_be_by_the_signals_name(caplog) -> None:
+    # the worker's copies say "killed by SIGKILL"; the supervisor said "exited with code -9"
+    caplog.set_level(logging.WARNING, LOG)
+    exits = Exits(stop_after=2)
+    killed = ["/bin/sh", "-c", "kill -KILL $$"]  # a real process, really killed
+    child = Child("camera:top", killed, exits.on_exit, restart_delay_s=0.05)
+    anyio.run(_supervise, child, exits)
+    assert exits.codes == [-9, -9]
+    lines = [r.getMessage() for r in caplog.records if r.name == LOG]
+    assert [line.split(" after ")[0] for line in lines] == ["camera:top killed by SIGKILL"] * 2
+
+
+def test_exit_words() -> None:
+    assert exit_words(0) == "exited with code 0" and exit_words(3) == "exited with code 3"
+    assert exit_words(-9) == "killed by SIGKILL" and exit_words(-11) == "killed by SIGSEGV"
+    assert exit_words(-200) == "killed by signal 200"  # no name: its number

@@ -222,7 +222,7 @@ def test_a_worker_killed_mid_episode_resets_it_and_the_replay_still_matches(tmp_
                      if b" serve " in Path(f"/proc/{p}/cmdline").read_bytes().replace(b"\0", b" ")]
         old = _status(c)["wep"]
         os.kill(worker, signal.SIGKILL)
-        d.wait_line(r"episode_reset .*local worker exited with code -9")
+        d.wait_line(r"episode_reset .*local worker killed by SIGKILL")
         wait_until(lambda: _status(c)["wep"] != old, 10, "the new worker-side episode")
         new = _status(c)["wep"]
         chunks = c.request("stats")["result"]["chunks"]
@@ -239,7 +239,7 @@ def test_a_worker_killed_mid_episode_resets_it_and_the_replay_still_matches(tmp_
     assert {c["wep"] for c in ep["/policy/chunk"]} == {old, new}  # both workers answered
     reconnects = [lk["detail"] for lk in ep["/link"] if lk["kind"] == "reconnect"]
     assert [r["state"] for r in reconnects] == ["gone", "back"]
-    assert "local worker exited with code -9" in reconnects[0]["reason"]
+    assert "local worker killed by SIGKILL" in reconnects[0]["reason"]
     assert reconnects[1]["away_s"] > 0
     (reset,) = [lk["detail"] for lk in ep["/link"] if lk["kind"] == "episode_reset"]
     assert (reset["old_wep"], reset["new_wep"]) == (old, new)

@@ -21,11 +21,11 @@ import zmq
 from robotd.control.kernel import Kernel
 from robotd.lane import codec
 from robotd.lane.messages import MAX_TEXT, NOT_WRITTEN, Estop, Event, Reply, Status
-from robotd.lane.salvage import salvage_estop
+from robotd.lane.salvage import salvage_estop, split_envelope
 
 MAX_PER_CALL = 8
-MAX_FRAMES = 8  # of one message, searched for an e-stop
 MAX_SAID = 300
+LABEL = "e-stop on lane.sock"  # the reason of an e-stop that gave none (or none readable)
 
 
 class EstopDesk:
@@ -74,9 +74,10 @@ class EstopDesk:
     def _take(self, frames: list[bytes]) -> None:
         """Latch the e-stop in `frames` (in any of them, however malformed otherwise: see
         robotd.lane.salvage), or refuse the message with a reply saying why."""
-        envelope = tuple(frames[:2]) if len(frames) > 2 and frames[1] == b"" else (frames[0],)
+        head, bodies = split_envelope(frames)
+        envelope = tuple(head)
         error = "an empty message"
-        for body in frames[len(envelope) :][:MAX_FRAMES]:
+        for body in bodies:
             try:
                 msg = codec.decode_estop(body)
             except codec.LaneError as exc:
@@ -86,7 +87,8 @@ class EstopDesk:
                     reason_in_args=False,
                     max_bytes=codec.MAX_ESTOP_BYTES,
                     max_reason=MAX_TEXT,
-                    str_ids=False,
+                    max_str_id=None,
+                    label=LABEL,
                 )
                 if got is None:
                     error = str(exc)
@@ -105,7 +107,7 @@ class EstopDesk:
         # every command after it for good: the robot could never be cleared without a restart.
         sent = min(msg.sent_ns, time.monotonic_ns())
         k = self.kernel
-        k.command("estop", msg.reason or "e-stop on lane.sock", sent_ns=sent)
+        k.command("estop", msg.reason or LABEL, sent_ns=sent)
         k.emit(Event("lane_estop", k.counters.ticks, {"reason": msg.reason}))
         self.pending.append((envelope, msg.id))
 

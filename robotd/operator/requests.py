@@ -15,15 +15,15 @@ from typing import Any
 
 import msgpack
 
-from robotd.lane.salvage import Salvaged, salvage_estop
+from robotd.lane.salvage import Salvaged, salvage_estop, split_envelope
 
 MAX_REQUEST_BYTES = 16 * 1024
 MAX_DEPTH = 4  # request → args → params.set → a list value
 MAX_ITEMS = 64  # entries in any map or list
-MAX_FRAMES = 8  # of one message, searched for an e-stop
 MAX_ID_LEN = 64
 MAX_KEY_LEN = 64
 MAX_TEXT = {"reason": 200, "task": 2000, "notes": 2000}
+ESTOP_LABEL = "operator e-stop"  # the reason of an e-stop that gave none (or none readable)
 
 # Each command's arguments and their types; anything else is refused.
 COMMANDS: dict[str, dict[str, type]] = {
@@ -160,27 +160,6 @@ def _check_args(cmd: str, args: dict[str, Any], rid: Any) -> dict[str, Any]:
     return args
 
 
-def _estop(msg: dict[str, Any]) -> Request:
-    """An e-stop is carried out whatever else is wrong with its request: a reason that is
-    not a string is replaced, a long one cut, other fields ignored, a bad id not answered
-    by (the client then sees no reply and checks status). Refusing it would leave the
-    robot moving over a typo."""
-    try:
-        rid = _rid(msg)
-    except RequestError:
-        rid = None
-    args = msg.get("args")
-    reason = args.get("reason") if isinstance(args, dict) else None
-    if not isinstance(reason, str):
-        kind = type(reason).__name__
-        reason = "" if reason is None else f"operator e-stop (its reason was a {kind})"
-    try:
-        sent = _sent_ns(msg, rid)
-    except RequestError:
-        sent = None
-    return Request(rid, "estop", {"reason": reason[: MAX_TEXT["reason"]]}, sent)
-
-
 def _salvage(data: bytes) -> Salvaged | None:
     return salvage_estop(
         data,
@@ -188,39 +167,34 @@ def _salvage(data: bytes) -> Salvaged | None:
         reason_in_args=True,
         max_bytes=MAX_REQUEST_BYTES,
         max_reason=MAX_TEXT["reason"],
-        str_ids=True,
+        max_str_id=MAX_ID_LEN,
+        label=ESTOP_LABEL,
     )
 
 
 def split_request(frames: list[bytes]) -> tuple[list[bytes], bytes | None]:
-    """(reply envelope, the request frame) of a message as the ROUTER socket has it: a
-    DEALER sends [id, req], a REQ [id, b"", req]. Any other shape has no request frame
-    (None), unless one of its frames holds an e-stop (however malformed otherwise)."""
-    if len(frames) == 2:
-        return frames[:1], frames[1]
-    if len(frames) == 3 and frames[1] == b"":
-        return frames[:2], frames[2]
-    envelope = frames[:2] if len(frames) > 2 and frames[1] == b"" else frames[:1]
-    rest = frames[len(envelope) :][:MAX_FRAMES]
-    return envelope, next((f for f in rest if _salvage(f) is not None), None)
+    """(reply envelope, the request frame) of a message as the ROUTER socket has it
+    (`split_envelope`): a DEALER sends [id, req], a REQ [id, b"", req]. Any other shape has
+    no request frame (None), unless one of its frames holds an e-stop (however malformed
+    otherwise)."""
+    envelope, bodies = split_envelope(frames)
+    if len(bodies) == 1:
+        return envelope, bodies[0]
+    return envelope, next((f for f in bodies if _salvage(f) is not None), None)
 
 
 def parse_request(data: bytes) -> Request:
     """Validate one request frame; RequestError names what is wrong (and the id, if read).
-    An e-stop is taken even from a frame the strict decoding refuses (`salvage_estop`)."""
-    try:
-        msg = _decode(data)
-    except RequestError as exc:
-        if exc.code == "too_large":
-            raise
-        got = _salvage(data)
-        if got is None:
-            raise
+    Every e-stop is read by `salvage_estop` alone, strict decoding or not: it is carried out
+    whatever else is wrong with its request (a reason of the wrong type is named in its
+    place, a long one cut, other fields ignored, a bad id not answered by: the client then
+    sees no reply and checks status). Refusing it would leave the robot moving over a typo."""
+    got = _salvage(data)
+    if got is not None:
         return Request(got.rid, "estop", {"reason": got.reason}, got.sent_ns)
+    msg = _decode(data)
     if not isinstance(msg, dict):
         raise RequestError("bad_request", f"request must be a map, got {type(msg).__name__}")
-    if msg.get("cmd") == "estop":
-        return _estop(msg)
     rid = _rid(msg)
     extra = sorted(str(k)[:MAX_KEY_LEN] for k in msg if k not in ("id", "cmd", "args", "sent_ns"))
     if extra:
@@ -245,7 +219,7 @@ def parse_request(data: bytes) -> Request:
 def lane_args(req: Request) -> dict[str, Any]:
     """What the control lane is sent for a lane command: only its own bounded strings."""
     if req.cmd == "estop":
-        return {"reason": req.args.get("reason") or "operator e-stop"}
+        return {"reason": req.args.get("reason") or ESTOP_LABEL}
     if req.cmd == "start":
         return {"task": req.args.get("task", "")}
     return {}

@@ -20,6 +20,7 @@ from typing import Any
 import msgspec
 
 from robotd.config import Config
+from robotd.exits import exit_words
 from robotd.runtime.supervisor import Child, Supervisor, python_module
 from robotd.shm import SHM_DIR, FrameRing, ring_slots, unlink_prefix
 
@@ -196,8 +197,8 @@ class Children:
 
     async def _worker_exit(self, child: Child, code: int) -> bool:
         if not self._served():
-            self.worker_failed = f"the local policy worker exited with code {code} before it served"
+            self.worker_failed = f"the local policy worker {exit_words(code)} before it served"
             return False
         child.said = "the local policy worker is gone, the robot holds"
-        self._on_worker_lost(f"local worker exited with code {code}")
+        self._on_worker_lost(f"local worker {exit_words(code)}")
         return True

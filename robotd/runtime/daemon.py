@@ -23,6 +23,7 @@ import zmq.asyncio
 from robotd.config import Config, runtime_dir
 from robotd.contract import ContractError
 from robotd.control.ports import orphan_hold_s
+from robotd.exits import exit_words
 from robotd.lane.messages import Shutdown
 from robotd.link.connect import StartupError, worker_endpoint_problem
 from robotd.link.session import PolicySession
@@ -263,6 +264,9 @@ class Daemon:
             await self.session.close()
         await sup.stop_all(grace_s=5.0, first=("control",))
         if self.recorder is not None:  # the lane's last messages are in: close the files
+            if self._control_code is not None:  # it died: its episode never ended there
+                ended = exit_words(self._control_code)
+                self.recorder.lane_lost(f"the control lane is gone: {ended}")
             await anyio.to_thread.run_sync(self.recorder.store.close)
 
     def _close(self) -> None:

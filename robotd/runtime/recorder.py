@@ -29,7 +29,7 @@ from robotd.config import Config
 from robotd.lane.messages import Ask, ChunkRows, Event, Merged, StartState, Stats, Step
 from robotd.runtime.camera_frames import CameraFrames, Ring
 from robotd.trace.sanitize import sanitized
-from robotd.trace.schemas import ASK, CHUNK, EVENTS, LINK, OPERATOR, START_STATE, TICK
+from robotd.trace.schemas import ASK, CHUNK, EVENTS, LANE_LOST, LINK, OPERATOR, START_STATE, TICK
 from robotd.trace.start import open_store
 from robotd.trace.store import EpisodeWriter, TraceStore
 
@@ -159,6 +159,17 @@ class Recorder:
                 first = sent[0]
                 result = "bad" if name == "bad_chunk" else "discarded"
                 self._chunk(first.ask, first.wep, first.s, result, None, 0, False, ev.tick)
+
+    def lane_lost(self, cause: str) -> None:
+        """The control lane died: the episode it was running (if any) ends `lane_lost`
+        with `cause`, now, rather than `daemon_stopped` at the store's close as if the
+        daemon had stopped it. No tick: the lane never said where it ended."""
+        if self.episode is None:
+            return
+        t = self.now()
+        self._note_lost(t, final=True)
+        self.episode.end(LANE_LOST, log_time_ns=t, detail={"cause": cause})
+        self.episode = None
 
     def _begin(self, ev: Event, t: int) -> None:
         ep, wep = ev.detail.get("episode"), str(ev.detail.get("wep", ""))

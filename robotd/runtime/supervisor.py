@@ -23,6 +23,7 @@ import anyio
 from anyio.abc import Process
 
 from robotd.backoff import FIRST_S, MAX_S, Backoff, ordinal
+from robotd.exits import exit_words
 from robotd.runtime.procutil import PARENT_ENV
 
 log = logging.getLogger("robotd.runtime.supervisor")
@@ -101,15 +102,15 @@ class Supervisor:
             # one line per exit: what it means (the handler's `said`), then what comes next
             level = logging.ERROR if child.said else logging.WARNING
             said = f": {child.said}" if child.said else ""
+            ended = exit_words(code)  # "killed by SIGKILL" where the code is -9
             if not again or self.stopping:
-                log.log(level, "%s exited with code %s after %.1f s%s", child.name, code, up_s,
-                        said)
+                log.log(level, "%s %s after %.1f s%s", child.name, ended, up_s, said)
                 return
             delay = child.restart_delay(up_s)
             log.log(
                 level,
-                "%s exited with code %s after %.1f s%s restarting in %g s, %s restart in a row",
-                child.name, code, up_s, f"{said};" if said else ":", delay,
+                "%s %s after %.1f s%s restarting in %g s, %s restart in a row",
+                child.name, ended, up_s, f"{said};" if said else ":", delay,
                 ordinal(child.backoff.in_a_row),
             )
             await anyio.sleep(delay)

@@ -33,6 +33,9 @@ TRACE_DROP = "trace_drop"
 # The outcome of an episode whose file has no end: the daemon stopped without ending it
 # (killed, crashed, the power cut); its file holds what was flushed before that.
 CUT_OFF = "cut_off"
+# The outcome of an episode running when the control lane died (killed, crashed): the main
+# process ends its file, the cause saying how the lane ended; the lane never said.
+LANE_LOST = "lane_lost"
 
 _NUM = {"type": ["number", "null"]}  # null: a non-finite value (see robotd.trace.codec)
 _NUMS = {"type": "array", "items": _NUM}

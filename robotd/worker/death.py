@@ -17,6 +17,8 @@ import signal
 from dataclasses import dataclass
 from pathlib import Path
 
+from robotd.exits import signal_name
+
 MIB = 1 << 20
 KMSG_RECORDS = 20000  # kernel log records read at most, looking for an OOM kill
 _CGROUP_ROOT = Path("/sys/fs/cgroup")
@@ -138,7 +140,7 @@ def describe_exit(
             "crashed", f"exited with code {returncode}; {memory.text()}", exit_code=returncode
         )
     signum = -returncode
-    name = _signal_name(signum)
+    name = signal_name(signum)
     if signum != signal.SIGKILL:
         what = signal.strsignal(signum) or name
         return Loss("crashed", f"crashed: killed by {name} ({what}); {memory.text()}", name)
@@ -155,10 +157,3 @@ def describe_exit(
     looked = logged is not None or after is not None
     unsure = "no OOM kill on record" if looked else "the kernel's OOM record is not readable here"
     return Loss("killed", f"killed by SIGKILL (out of memory? {unsure}); {memory.text()}", name)
-
-
-def _signal_name(signum: int) -> str:
-    try:
-        return signal.Signals(signum).name
-    except ValueError:
-        return f"signal {signum}"
