@@ -305,8 +305,7 @@ class PolicyClient:
         (with how many went unsaid): a worker that floods replies cannot flood the log."""
         said = self._drops.say(kind)
         if said is not None:
-            more = f" (+{said.unsaid} more in the last {said.since_s:.0f} s)" if said.unsaid else ""
-            log.warning(text + "%s", *args, more)
+            log.warning(text + "%s", *args, said.tail)
 
 
 def _settle(

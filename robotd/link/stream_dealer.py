@@ -155,8 +155,8 @@ class StreamDealer:
         """The connection ended or broke: drop it (and what it had not written), dial again."""
         said = _LOSSES.say(f"{self.endpoint}: {why}")
         if said is not None:
-            more = f" (+{said.unsaid} more in {said.since_s:.0f} s)" if said.unsaid else ""
-            log.log(level, "act connection to %s: %s; reconnecting%s", self.endpoint, why, more)
+            tail = said.tail
+            log.log(level, "act connection to %s: %s; reconnecting%s", self.endpoint, why, tail)
         self._hang_up()
         if self._loop is not None:
             self._retry = self._loop.call_later(RECONNECT_S, self._dial)
