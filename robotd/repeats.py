@@ -23,6 +23,16 @@ class Said:
     unsaid: int
     since_s: float
 
+    @property
+    def tail(self) -> str:
+        """What the line ends with: " (+N more in the last X s)" when reports went unsaid,
+        "" when none did. One wording for every repeated line, so that a reader (or a grep)
+        of the log finds them all alike."""
+        if not self.unsaid:
+            return ""
+        # at least "1 s": a burst said within a second is not "in the last 0 s"
+        return f" (+{self.unsaid} more in the last {max(self.since_s, 1.0):.0f} s)"
+
 
 class Repeats:
     """Per kind: say the first report, then at most one every `every_s` of `clock`."""

@@ -61,3 +61,19 @@ class Masked:
 
     def infer(self, inputs: dict[str, Any]) -> np.ndarray:
         return np.ones((16, 3), dtype=bool)
+
+
+class Absurd:
+    """Reads joints.pos. Every other act (Episode.steps odd) answers 32 rows whose elbow
+    (column 1) is 1e6 rad from row 2 on, on a joint limited to +-2.8: finite, so the worker
+    sends it, but no target; the other acts answer 32 rows holding where the arm is."""
+
+    observations = Observations(streams={"joints.pos": Stream()})
+    actions = Actions(open_loop_horizon=8)
+
+    def infer(self, inputs: dict[str, Any], *, episode: Any = None) -> np.ndarray:
+        pos = np.asarray(inputs["observations"][-1]["joints.pos"], dtype=np.float64)
+        rows = np.tile(pos, (32, 1))
+        if episode.steps % 2 == 1:
+            rows[2:, 1] = 1e6
+        return rows

@@ -58,3 +58,12 @@ def test_a_negative_or_nan_period_is_refused() -> None:
     for bad in (-1.0, float("nan")):
         with pytest.raises(ValueError, match="every_s"):
             Repeats(bad)
+
+
+def test_the_tail_of_a_line_says_how_many_went_unsaid_in_one_wording() -> None:
+    """Every repeated line ends alike (runtime events, dropped replies, lost connections,
+    refused uploads and answers): robotd.repeats.Said.tail."""
+    assert Said(0, math.inf).tail == ""  # the first line: nothing went unsaid
+    assert Said(0, 12.0).tail == ""
+    assert Said(7, 10.0).tail == " (+7 more in the last 10 s)"
+    assert Said(1, 0.4).tail == " (+1 more in the last 1 s)"

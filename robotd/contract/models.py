@@ -9,6 +9,7 @@ from typing import Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, ValidationError, field_validator, model_validator
 
+from robotd.contract.answers import MAX_ANSWER_ROWS
 from robotd.contract.resolved import ResolvedObservations, ResolvedStream, _to_steps
 from robotd.contract.rules import (
     MAX_IMAGE_SIDE,
@@ -238,9 +239,9 @@ class Actions(_Model):
 
     key: the answer's field holding the rows (None: the answer itself). hz: the rate rows
     play at (> 0; None: the control rate). open_loop_horizon: at most this many rows play
-    before the next act in sync mode (>= 1; None: the whole chunk). rtc: the policy takes
-    real-time chunking's frozen prefix (`infer(..., rtc=...)`); None: as its infer's
-    signature says (a keyword named `rtc`).
+    before the next act in sync mode (1..MAX_ANSWER_ROWS; None: the whole chunk). rtc: the
+    policy takes real-time chunking's frozen prefix (`infer(..., rtc=...)`); None: as its
+    infer's signature says (a keyword named `rtc`).
     """
 
     _where: ClassVar[str] = "actions"
@@ -256,10 +257,16 @@ class Actions(_Model):
             problems.append((("key",), "empty key (give a field name, or leave it unset)"))
         if self.hz is not None and self.hz <= 0:
             problems.append((("hz",), f"hz {_num(self.hz)} must be > 0"))
-        if self.open_loop_horizon is not None and self.open_loop_horizon < 1:
-            problems.append(
-                (("open_loop_horizon",), f"open_loop_horizon {self.open_loop_horizon} must be >= 1")
+        n = self.open_loop_horizon
+        if n is not None and not 1 <= n <= MAX_ANSWER_ROWS:
+            # more rows than any chunk may hold says nothing a chunk's end does not: a typo,
+            # or a worker's nonsense carried on to the control lane
+            rule = (
+                "must be >= 1"
+                if n < 1
+                else f"is over {MAX_ANSWER_ROWS}, the most rows a chunk may have"
             )
+            problems.append((("open_loop_horizon",), f"open_loop_horizon {n} {rule}"))
         if problems:
             raise _Rules(problems)
         return self
@@ -267,5 +274,3 @@ class Actions(_Model):
     @classmethod
     def from_wire(cls, d: Any, where: str = "actions") -> Actions:
         return super().from_wire(d, where)
-
-

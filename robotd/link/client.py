@@ -47,7 +47,10 @@ DROPPED_QUIET_S = 10.0
 
 __all__ = ["ActResult", "Handshake", "PolicyClient", "PolicyError"]
 
-ABANDONED_KEPT = 256  # ids of requests given up (timed out), to tell a late reply from junk
+# ids of requests settled, kept to tell a late reply (to one given up) or a duplicate (to
+# one answered) from one naming no request of ours
+SETTLED_KEPT = 256
+DROPPED_KINDS = ("late", "unknown", "duplicate", "undecodable")  # dropped_replies' keys
 # The most a reply can legitimately be: a header (framed's own bound on one) and one chunk of
 # the most rows any robot takes (robotd.contract.answers). Far below what requests may be
 # (camera frames, up to wire.MAX_MESSAGE_BYTES): a worker that sends more cannot make the
@@ -62,6 +65,26 @@ class _Pending:
     done: bool = False
     reply: dict[str, Any] | ActReply | None = None
     error: BaseException | None = None
+
+
+class _Recent:
+    """The last `keep` ids added, for membership in O(1): a bounded memory of requests."""
+
+    def __init__(self, keep: int) -> None:
+        self.keep = keep
+        self._order: deque[int] = deque()
+        self._ids: set[int] = set()
+
+    def add(self, rid: int) -> None:
+        if rid in self._ids:
+            return
+        self._order.append(rid)
+        self._ids.add(rid)
+        if len(self._order) > self.keep:
+            self._ids.discard(self._order.popleft())
+
+    def __contains__(self, rid: object) -> bool:
+        return rid in self._ids
 
 
 class PolicyClient:
@@ -79,10 +102,16 @@ class PolicyClient:
     ) -> None:
         self.endpoint = endpoint
         self.timeout_s = timeout_s
-        self.late_replies = 0  # replies to requests already given up (timed out): dropped
-        self.unknown_replies = 0  # replies naming no request this client made: dropped
+        # Replies dropped, never handed to a request: to one already given up (timed out,
+        # its connection lost), naming no request this client made, a second one to a
+        # request already answered, and replies that could not be decoded at all.
+        self.late_replies = 0
+        self.unknown_replies = 0
+        self.duplicate_replies = 0
+        self.undecodable_replies = 0
         self._drops = Repeats(DROPPED_QUIET_S)  # their log lines, per kind
-        self._abandoned: deque[int] = deque(maxlen=ABANDONED_KEPT)
+        self._abandoned = _Recent(SETTLED_KEPT)  # given up: a reply may still come, late
+        self._answered = _Recent(SETTLED_KEPT)  # a reply settled them: another is a duplicate
         kind = StreamDealer if is_stream(endpoint) else LoopDealer
         self._dealer: LoopDealer | StreamDealer = kind(
             endpoint, self._dispatch, max_message_bytes=max_reply_bytes
@@ -94,6 +123,15 @@ class PolicyClient:
         self.bytes_sent = 0  # request bytes sent, for the benchmarks
         self.protocol = 1  # what the worker's hello said: 2 sends large arrays as frames
         self.last_heard = time.monotonic()  # when the worker last sent anything (its liveness)
+
+    def dropped_replies(self) -> dict[str, int]:
+        """The replies dropped so far, by kind (DROPPED_KINDS)."""
+        return {
+            "late": self.late_replies,
+            "unknown": self.unknown_replies,
+            "duplicate": self.duplicate_replies,
+            "undecodable": self.undecodable_replies,
+        }
 
     @property
     def connect_error(self) -> str:
@@ -238,8 +276,11 @@ class PolicyClient:
             _settle(pending, error=PolicyError("closed", "the client was closed"))
         finally:
             timer.cancel()
-            if self._pending.pop(rid, None) is not None and not pending.done:
-                self._abandoned.append(rid)  # a reply may still come: it will be late
+            popped = self._pending.pop(rid, None)
+            if pending.reply is not None:
+                self._answered.add(rid)
+            elif popped is not None:  # given up here (cancelled, closed, connection lost)
+                self._abandoned.add(rid)
         if pending.error is not None:
             raise pending.error
         reply = pending.reply
@@ -263,29 +304,49 @@ class PolicyClient:
         """Request `rid` got no reply in time: its caller raises TimeoutError."""
         pending = self._pending.pop(rid, None)
         if pending is not None and not pending.done:
-            self._abandoned.append(rid)  # a reply may still come: it will be late
+            self._abandoned.add(rid)  # a reply may still come: it will be late
             _settle(pending, error=TimeoutError(f"no reply within {timeout_s:g} s"))
 
     def _dispatch(self, frames: list[bytes]) -> None:
-        """Hand one reply (one frame, or framed) to the request it answers."""
+        """Hand one reply (one frame, or framed) to the request it answers; any other reply
+        is dropped, counted by kind and logged (`_drop`)."""
         self.last_heard = time.monotonic()
         typed = decode_act_reply(frames)
         if typed is not None:
             pending = self._pending.get(typed.id)
-            if pending is not None and pending.cmd == "act":
+            if pending is not None and pending.cmd == "act" and not pending.done:
                 _settle(pending, reply=typed)
                 return
         try:
             reply = framed.unpack(frames)
         except wire.WireError as err:
-            self._dropped("undecodable", "dropped an undecodable reply from %s: %s",
-                          self.endpoint, err)  # fmt: skip
+            self.undecodable_replies += 1
+            self._dropped("undecodable", "dropped an undecodable reply from %s: %s (%d so far)",
+                          self.endpoint, err, self.undecodable_replies)  # fmt: skip
             return
-        rid = reply.get("id") if isinstance(reply, dict) else None
-        pending = self._pending.get(rid) if isinstance(rid, int) else None
-        if pending is not None:
+        named = reply.get("id") if isinstance(reply, dict) else None
+        rid = named if type(named) is int else None  # a bool is no id (True is not 1)
+        pending = self._pending.get(rid) if rid is not None else None
+        if pending is not None and not pending.done:
             _settle(pending, reply=reply)
-        elif isinstance(rid, int) and rid in self._abandoned:
+        else:
+            self._drop(named, rid, pending)
+
+    def _drop(self, named: Any, rid: int | None, pending: _Pending | None) -> None:
+        """A decoded reply no request waits for (`named`: its id as sent, `rid` that id if
+        it is one): a duplicate (its request was answered, perhaps not yet woken), late
+        (given up) or naming no request of ours."""
+        answered = pending is not None and pending.reply is not None
+        if rid is not None and (answered or rid in self._answered):
+            self.duplicate_replies += 1
+            self._dropped(
+                "duplicate",
+                "dropped a second reply from %s: request %d was answered already (%d so far)",
+                self.endpoint,
+                rid,
+                self.duplicate_replies,
+            )
+        elif rid is not None and (rid in self._abandoned or pending is not None):
             self.late_replies += 1
             self._dropped(
                 "late",
@@ -300,7 +361,7 @@ class PolicyClient:
                 "unknown",
                 "dropped a reply from %s naming no request of ours (id %.40r; %d so far)",
                 self.endpoint,
-                rid,
+                named,
                 self.unknown_replies,
             )
 
@@ -309,8 +370,7 @@ class PolicyClient:
         (with how many went unsaid): a worker that floods replies cannot flood the log."""
         said = self._drops.say(kind)
         if said is not None:
-            more = f" (+{said.unsaid} more in the last {said.since_s:.0f} s)" if said.unsaid else ""
-            log.warning(text + "%s", *args, more)
+            log.warning(text + "%s", *args, said.tail)
 
 
 def _settle(

@@ -196,7 +196,7 @@ def build_link(
     act link, sized to the contract in force; StartupError (or ContractError) when the
     worker's contract cannot be used."""
     obs, actions = contract_in_force(cfg, hs)
-    limits = ChunkLimits(max_rows=cfg.policy.max_chunk_rows, dim=len(cfg.joints.names))
+    limits = ChunkLimits.for_robot(cfg)
     try:
         limits.check_hz(actions.hz if actions is not None else None, cfg.control.hz)
     except ChunkRefused as exc:

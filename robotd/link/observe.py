@@ -175,8 +175,7 @@ class ObserveConnection:
         """Log a loss at once, then at most every few seconds with the count in between."""
         said = self._warned.say(kind)
         if said is not None:
-            more = f" (+{said.unsaid} more since the last warning)" if said.unsaid else ""
-            log.warning("upload %s: %s%s", kind, message, more)
+            log.warning("upload %s: %s%s", kind, message, said.tail)
 
     # ---- the tasks --------------------------------------------------------------------------
 

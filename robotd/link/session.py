@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections import deque
+from collections import Counter, deque
 from collections.abc import Callable, Mapping
 from typing import Any, Protocol
 
@@ -26,7 +26,7 @@ import anyio.abc
 from robotd.config import Config
 from robotd.contract import Actions, ContractError
 from robotd.lane.messages import ActFailed, Ask, Contract, EpisodeLost, Merged, Status, Step
-from robotd.link.client import Handshake, PolicyError
+from robotd.link.client import DROPPED_KINDS, Handshake, PolicyError
 from robotd.link.connect import (
     HELLO_DEADLINE_S,
     PolicyLink,
@@ -93,7 +93,7 @@ class PolicySession:
         self._contract = Contract()
         self._handshake: Handshake | None = None
         self._closing = False
-        self._replies_before = (0, 0)  # late and unknown replies of clients gone
+        self._replies_before: Counter[str] = Counter()  # dropped by clients gone, by kind
         self.trace: LinkTap | None = None  # set before connect: every uplink is tapped
 
     @property
@@ -246,8 +246,7 @@ class PolicySession:
             self._uplink_scope = None
         if link is not None:
             c = link.client
-            late, unknown = self._replies_before
-            self._replies_before = (late + c.late_replies, unknown + c.unknown_replies)
+            self._replies_before.update(c.dropped_replies())
             if self._tg is not None:
                 self._tg.start_soon(c.close)
 
@@ -380,13 +379,12 @@ class PolicySession:
             out["server"] = self.openpi.link.state.as_dict()
         return out
 
-    def reply_counts(self) -> tuple[int, int]:
-        """(late replies dropped, unknown replies) over every connection of the session."""
-        late, unknown = self._replies_before
+    def reply_counts(self) -> dict[str, int]:
+        """Replies dropped over every connection of the session, by kind (DROPPED_KINDS)."""
+        counts = Counter(self._replies_before)
         if self.link is not None:
-            late += self.link.client.late_replies
-            unknown += self.link.client.unknown_replies
-        return late, unknown
+            counts.update(self.link.client.dropped_replies())
+        return {kind: counts[kind] for kind in DROPPED_KINDS}
 
     async def close(self) -> None:
         """The daemon stops: acts still in flight end unanswered, and are not errors."""

@@ -10,8 +10,9 @@ that alone costs several times what the same bytes cost on a socket written with
 As with the DEALER (IMMEDIATE): nothing is queued while no connection is up, a send
 waits until one is; a lost connection is dialled again every RECONNECT_S, and what was
 in flight on it is never answered (its callers time out, as over ZeroMQ). Replies are
-hostile: over `max_message_bytes` or a broken prefix closes the connection (logged) and
-it is dialled again. A peer that greets as ZeroMQ does is named so (robotd.stream.zmtp), in
+hostile: over `max_message_bytes` or a broken prefix closes the connection (a warning: the
+worker misbehaves; a plain close or reset by the peer is logged as info) and it is dialled
+again. A peer that greets as ZeroMQ does is named so (robotd.stream.zmtp), in
 `last_error` until it answers; a loss for the same reason is logged once per REPEAT_S.
 """
 
@@ -31,7 +32,13 @@ from robotd.link.dealer import DealerClosed
 from robotd.repeats import Repeats
 from robotd.stream import endpoint as ep
 from robotd.stream import zmtp
-from robotd.stream.framing import FrameReader, FrameWriter, SpeaksZeroMQ, StreamBroken
+from robotd.stream.framing import (
+    FrameReader,
+    FrameWriter,
+    SpeaksZeroMQ,
+    StreamBroken,
+    StreamEnded,
+)
 
 log = logging.getLogger("robotd.link")
 
@@ -155,8 +162,8 @@ class StreamDealer:
         """The connection ended or broke: drop it (and what it had not written), dial again."""
         said = _LOSSES.say(f"{self.endpoint}: {why}")
         if said is not None:
-            more = f" (+{said.unsaid} more in {said.since_s:.0f} s)" if said.unsaid else ""
-            log.log(level, "act connection to %s: %s; reconnecting%s", self.endpoint, why, more)
+            tail = said.tail
+            log.log(level, "act connection to %s: %s; reconnecting%s", self.endpoint, why, tail)
         self._hang_up()
         if self._loop is not None:
             self._retry = self._loop.call_later(RECONNECT_S, self._dial)
@@ -189,8 +196,11 @@ class StreamDealer:
             self.last_error = self._mismatch = zmtp.zeromq_peer(self.endpoint)
             self._lost(self._mismatch, logging.WARNING)
             return
-        except StreamBroken as why:
+        except StreamEnded as why:  # a worker restarting closes it: nothing to warn about
             self._lost(str(why))
+            return
+        except StreamBroken as why:  # the framing broken (or the socket failed): misbehaving
+            self._lost(str(why), logging.WARNING)
             return
         if messages and self._mismatch:
             self.last_error = self._mismatch = ""

@@ -89,9 +89,7 @@ class EventLog:
         if key is not None or _estop_again(ev):
             said = self._quiet.say(key) if key is not None else self._presses.say()
             if said is not None:
-                extra = f" (+{said.unsaid} more in the last {said.since_s:.0f} s)"
-                extra = extra if said.unsaid else ""
-                log.log(level, "%s %s%s%s", ev.name, ev.detail, extra, self._late(ev))
+                log.log(level, "%s %s%s%s", ev.name, ev.detail, said.tail, self._late(ev))
         else:
             log.log(level, "%s %s%s", ev.name, ev.detail, self._late(ev))
         if ev.name == "episode_end":

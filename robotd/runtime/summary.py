@@ -92,16 +92,14 @@ class RunSummary:
         return {"p50": inf.percentile(50), "p99": inf.percentile(99)}
 
     def link_counts(self) -> dict[str, Any]:
-        """reconnects, late_replies_dropped, unknown_replies, worker_gone_s."""
+        """reconnects, the replies dropped (late, unknown, duplicate, undecodable),
+        unknown_acks, worker_gone_s."""
         if self.session is None:
-            return {"reconnects": 0, "late_replies_dropped": 0, "unknown_replies": 0,
-                    "unknown_acks": 0, "worker_gone_s": 0.0}  # fmt: skip
-        late, unknown = self.session.reply_counts()
+            return {"reconnects": 0, **_replies({}), "unknown_acks": 0, "worker_gone_s": 0.0}
         health = self.session.health.as_dict()
         return {
             "reconnects": health["reconnects"],
-            "late_replies_dropped": late,
-            "unknown_replies": unknown,
+            **_replies(self.session.reply_counts()),
             "unknown_acks": self.link.unknown_acks if self.link is not None else 0,
             "worker_gone_s": health["worker_gone_s"],
         }
@@ -175,3 +173,14 @@ class RunSummary:
         tmp = path.with_suffix(path.suffix + ".tmp")
         tmp.write_text(json.dumps(self.to_dict(), indent=2) + "\n")
         tmp.replace(path)
+
+
+def _replies(dropped: dict[str, int]) -> dict[str, int]:
+    """The summary's keys for the replies the act client dropped, by kind
+    (robotd.link.client.DROPPED_KINDS; late_replies_dropped's name is older than the rest)."""
+    return {
+        "late_replies_dropped": dropped.get("late", 0),
+        "unknown_replies": dropped.get("unknown", 0),
+        "duplicate_replies": dropped.get("duplicate", 0),
+        "undecodable_replies": dropped.get("undecodable", 0),
+    }

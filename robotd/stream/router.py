@@ -220,7 +220,7 @@ class StreamRouter:
                 self.bound,
                 self._reached(peer.sock),
                 ep.zmq_equivalent(self.bound),
-                f" (+{said.unsaid} more in {said.since_s:.0f} s)" if said.unsaid else "",
+                said.tail,
             )
         self._drop(peer, "", quiet=True)
 

@@ -83,7 +83,7 @@ class VirtualAsker:
         self.steps = StepRing(keep=self.planner.lookback + 2 * math.ceil(self.hz) + 16)
         rig.keep_s = self.steps.keep / self.hz
         self.reader = StepReader(self.steps, RigFrames(rig))
-        self.limits = ChunkLimits(cfg.policy.max_chunk_rows, len(cfg.joints.names))
+        self.limits = ChunkLimits.for_robot(cfg)
         self.kernel: Kernel | None = None
         self.tick = 0
         self.due: dict[int, list[Callable[[], None]]] = {}

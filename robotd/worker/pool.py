@@ -179,14 +179,13 @@ class Pool:
         said = self._refused.say(_NUMBERS.sub("#", why))
         if said is None:
             return
-        more = f" (+{said.unsaid} more like it in {said.since_s:.0f} s)" if said.unsaid else ""
         log.warning(
             "episode %r step %d: the policy's answer was refused (copy %d): %s%s",
             task.episode,
             task.step,
             slot.id,
             why,
-            more,
+            said.tail,
         )
 
     def prepared(self, identity: bytes, seq: int, ok: bool, frames: list[Any]) -> None:

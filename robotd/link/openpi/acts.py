@@ -87,7 +87,7 @@ class OpenpiActs:
         self.task = task
         self.on_lost = on_lost
         self.counters = counters
-        self.limits = ChunkLimits(cfg.policy.max_chunk_rows, len(cfg.joints.names))
+        self.limits = ChunkLimits.for_robot(cfg)
         self._prev_act: dict[str, int] = {}
         self._last_text = ""  # the server's last traceback logged in full
         self.tap: FrameTap | None = None  # told the frames each act read (the trace)
