@@ -9,6 +9,7 @@ test_openpi_hostile_daemon.py."""
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 from typing import Any
 
@@ -105,6 +106,23 @@ def test_metadata_claiming_2_gb_is_refused_by_its_header() -> None:
                 await link.connect(deadline_s=1.0)
             assert "before sending its metadata" in link.state.last_error
             assert "code 1009" in link.state.last_error
+
+        run(main)
+
+
+def test_big_metadata_is_shown_small() -> None:
+    """Repro: metadata nested four deep (half a million ints, 0.5 MB) was shown in status
+    whole: every robotctl status and telemetry message carried megabytes of it."""
+    deep = {f"k{i}": [[list(range(16))] * 32] * 32 for i in range(32)}
+    with Hostile(answering(metadata=codec.packb(deep))) as server:
+
+        async def main() -> None:
+            link = OpenpiLink(server.url, FAST)
+            metadata = await link.connect(deadline_s=DEADLINE_S)
+            assert len(metadata) == 32  # the link's caller still has it all
+            shown = json.dumps(link.state.metadata)
+            assert len(shown) < 16 << 10, len(shown)
+            await link.close()
 
         run(main)
 

@@ -55,6 +55,7 @@ from robotd.link.openpi.errors import (
 )
 from robotd.link.openpi.health import Endpoint, not_ready, tls_context
 from robotd.link.openpi.options import OpenpiOptions
+from robotd.link.openpi.shown import json_safe
 
 log = logging.getLogger("robotd.link.openpi")
 
@@ -165,7 +166,8 @@ class OpenpiLink:
             connects=self._state.connects + 1,
             metadata=json_safe(metadata),
         )
-        log.info("openpi server %s connected (metadata: %.200r)", self.endpoint.url, metadata)
+        shown = str(self._state.metadata)  # json_safe: bounded, unlike the server's own
+        log.info("openpi server %s connected (metadata: %.200s)", self.endpoint.url, shown)
         return metadata
 
     async def _open(self) -> ClientConnection:
@@ -346,28 +348,3 @@ def _describe(exc: BaseException) -> str:
         return "no connection and metadata within the connect timeout"
     text = getattr(exc, "message", None) or str(exc) or type(exc).__name__
     return f"{type(exc).__name__}: {text}"[:500]
-
-
-def json_safe(value: Any, depth: int = 0) -> Any:
-    """`value` (the server's metadata) made JSON-safe and small for status: arrays and
-    bytes are described, strings, lists and maps are cut short."""
-    if depth > 4:
-        return "..."
-    if isinstance(value, dict):
-        items = list(value.items())[:32]
-        return {_key(k): json_safe(v, depth + 1) for k, v in items}
-    if isinstance(value, list):
-        return [json_safe(v, depth + 1) for v in value[:32]]
-    if isinstance(value, str):
-        return value[:200]
-    if isinstance(value, bytes):
-        return f"<{len(value)} bytes>"
-    if hasattr(value, "dtype") and hasattr(value, "shape"):
-        if getattr(value, "ndim", 1) == 0:
-            return value.item()
-        return f"<array {value.dtype} {list(value.shape)}>"
-    return value if isinstance(value, bool | int | float | type(None)) else repr(value)[:200]
-
-
-def _key(k: Any) -> str:
-    return k.decode("utf-8", "replace")[:100] if isinstance(k, bytes) else str(k)[:100]
