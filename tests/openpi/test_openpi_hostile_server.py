@@ -231,3 +231,52 @@ def test_a_reply_to_nobody_is_never_taken_for_an_answer() -> None:
             await link.close()
 
         run(main)
+
+
+def test_a_server_gone_while_idle_is_noticed_with_its_reason() -> None:
+    """Repro: a server that closed (or reset) the connection while no act was in flight
+    left the link saying connected, in status too, until the next act: for ever when the
+    robot is idle."""
+
+    async def script(peer: Peer) -> None:
+        peer.send(b"\x80")
+        await peer.request()
+        peer.send(GOOD)
+        await asyncio.sleep(0)
+        peer.close(1001, "going away")
+
+    with Hostile(script) as server:
+
+        async def main() -> None:
+            link = OpenpiLink(server.url, FAST)
+            await link.connect(deadline_s=DEADLINE_S)
+            await link.act({"x": 1}, DEADLINE_S)
+            await await_until(lambda: not link.connected, "the idle link noticed the close")
+            assert "closed while idle (code 1001 'going away')" in link.state.last_error
+            assert link.state.reconnecting_since is not None
+            await link.close()
+
+        run(main)
+
+
+def test_pongs_never_sent_drop_the_connection_at_the_keepalive() -> None:
+    """A server that takes the connection and then answers nothing, pings included: the
+    link's keepalive (policy.openpi.keepalive_s, short here) drops it and says so."""
+
+    async def script(peer: Peer) -> None:
+        peer.answer_pings = False
+        peer.send(b"\x80")
+        await peer.hang()
+
+    opts = FAST.model_copy(update={"keepalive_s": 0.2})
+    with Hostile(script) as server:
+
+        async def main() -> None:
+            link = OpenpiLink(server.url, opts)
+            await link.connect(deadline_s=DEADLINE_S)
+            await await_until(lambda: not link.connected, "the keepalive dropped it")
+            assert "keepalive ping timeout" in link.state.last_error
+            assert server.peers[0].pings >= 1
+            await link.close()
+
+        run(main)

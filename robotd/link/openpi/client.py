@@ -43,6 +43,7 @@ import anyio
 from websockets.asyncio.client import ClientConnection
 from websockets.asyncio.client import connect as ws_connect
 from websockets.exceptions import ConnectionClosed, InvalidStatus, WebSocketException
+from websockets.protocol import State
 
 from robotd.link.openpi import codec
 from robotd.link.openpi.errors import (
@@ -108,10 +109,17 @@ class OpenpiLink:
 
     @property
     def state(self) -> LinkState:
+        if not self._lock.locked():
+            self._reap()
         return self._state
 
     @property
     def connected(self) -> bool:
+        """Whether the connection is up. One that closed while no act was in flight (the
+        server went away, or its pongs stopped coming) is dropped here with its reason: a
+        link left idle must not say connected to a server long gone."""
+        if not self._lock.locked():  # an act in flight reports its own connection's end
+            self._reap()
         return self._conn is not None
 
     async def connect(self, *, deadline_s: float | None = None) -> dict[Any, Any]:
@@ -182,6 +190,8 @@ class OpenpiLink:
             proxy=None,
             open_timeout=None,  # bounded by connect_timeout_s around the whole attempt
             close_timeout=CLOSE_TIMEOUT_S,
+            ping_interval=self.options.keepalive_s or None,
+            ping_timeout=self.options.keepalive_s or None,
             **kwargs,
         )
 
@@ -267,11 +277,20 @@ class OpenpiLink:
 
     def _require_conn(self) -> ClientConnection:
         self._require_open()
+        self._reap()
         if self._conn is None:
             raise ConnectionLost(
                 f"{self.endpoint.url}: not connected ({self._state.last_error or 'never was'})"
             )
         return self._conn
+
+    def _reap(self) -> None:
+        """Drop the connection if it has closed (websockets keeps reading between acts, so
+        a server's close, a reset or a keepalive timeout ends it while the link is idle)."""
+        conn = self._conn
+        if conn is None or conn.state is not State.CLOSED:
+            return
+        self._failed(_closed_error(conn.protocol.close_exc, "while idle").message)
 
     def _bad(self, message: str) -> BadReply:
         self._state = replace(self._state, last_error=message)
