@@ -17,7 +17,7 @@ import anyio
 import msgpack
 import numpy as np
 import pytest
-from hostile_server import Hostile, Peer, await_until
+from hostile_server import Hostile, Peer, await_until, wait_until
 
 from robotd.link.openpi import codec
 from robotd.link.openpi.client import OpenpiLink
@@ -280,3 +280,28 @@ def test_pongs_never_sent_drop_the_connection_at_the_keepalive() -> None:
             await link.close()
 
         run(main)
+
+
+def test_a_trickling_healthz_never_keeps_a_thread() -> None:
+    """Repro: a /healthz answer trickled a byte at a time outlived every connect timeout
+    (http.client's bounds one read, not the answer), so each attempt left a thread and a
+    socket behind for as long as the server kept trickling."""
+
+    async def trickle(writer: asyncio.StreamWriter) -> None:
+        writer.write(b"HTTP/1.1 200 OK\r\nX-Slow: ")
+        while True:
+            writer.write(b"a")
+            await writer.drain()
+            await asyncio.sleep(0.02)
+
+    opts = FAST.model_copy(update={"connect_timeout_s": 0.3})
+    with Hostile(answering(), healthz=trickle) as server:
+
+        async def main() -> None:
+            link = OpenpiLink(server.url, opts)
+            with pytest.raises(ConnectionLost, match="no connection within"):
+                await link.connect(deadline_s=1.0)
+            assert "connect timeout" in link.state.last_error
+
+        run(main)
+        wait_until(lambda: server.open == 0, "every trickled /healthz cut off", timeout=10)
