@@ -110,12 +110,14 @@ class Hostile:
     """The server: `script` runs once for each websocket connection (its return closes
     the connection), `healthz` (optional) answers each GET /healthz in its place.
     `stop()` closes the listening socket and drops every connection; `start()` listens
-    again on the same port. Counts: `connections` (websocket), `requests` (data frames
-    read by scripts is theirs to count), `open` (sockets not yet closed)."""
+    again on the same port. `mute`: connections accepted from now on are answered nothing
+    at all (not the handshake, not /healthz) until the client leaves. Counts:
+    `connections` (websocket handshakes answered), `open` (sockets not yet closed)."""
 
     def __init__(self, script: Script, healthz: HealthScript | None = None) -> None:
         self.script, self.healthz = script, healthz
         self.port = 0
+        self.mute = False
         self.connections = 0
         self.open = 0
         self.peers: list[Peer] = []
@@ -183,6 +185,10 @@ class Hostile:
             writer.transport.abort()
 
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        if self.mute:
+            while await reader.read(READ):
+                pass
+            return
         peer = Peer(reader, writer)
         request = await _opening(peer)
         if request is None:
