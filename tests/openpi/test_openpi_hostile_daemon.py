@@ -104,6 +104,7 @@ def restart(client: ControlClient, task: str = "go on") -> None:
 
 
 @pytest.mark.soak
+@pytest.mark.timeout(360 if SOAK else 120)  # two outages of OUTAGE_S, and the rest
 def test_a_hostile_server_through_one_run(rig: Any) -> None:
     d, client, server = rig
     grows(client, "chunks", 3, "chunks from the server while it behaves")
