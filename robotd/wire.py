@@ -37,6 +37,11 @@ MAX_DEPTH = 32  # containers inside containers; messages are a few levels deep
 MAX_MESSAGE_BYTES = 1 << 30  # 1 GiB, the worker's total in-flight limit (worker_bytes)
 MAX_STR_LEN = 16 << 20
 MAX_CONTAINER_LEN = 1 << 20
+# Items in all the containers of one message together (a map's pair counts once, as does a
+# container itself): one byte of msgpack can be an empty list (56 bytes of Python) or a
+# slot in one, so without a budget an 8 MiB message of nested empty lists took 600 MB and
+# 11 s to decode. Messages put their bulk in bin or arrays, never in this many items.
+MAX_ITEMS = 1 << 20
 
 _DTYPES: dict[str, np.dtype] = {
     name: np.dtype(name).newbyteorder("<")
@@ -121,19 +126,24 @@ def unpack_bounded(
     max_bytes: int,
     ext_hook: Callable[[int, bytes], Any],
     error: type[Exception],
+    max_items: int = MAX_ITEMS,
 ) -> Any:
     """msgpack-decode untrusted bytes with every length bounded by the message's own size
-    (a few bytes cannot claim a huge string or container) and maps keyed by strings;
+    (a few bytes cannot claim a huge string or container), at most `max_items` container
+    items in all (decoding stops as the budget runs out) and maps keyed by strings;
     `error(text)` raised for anything wrong (an `error` raised by `ext_hook` passes)."""
     if not isinstance(data, bytes | bytearray | memoryview):
         raise error(f"expected bytes, got {type(data).__name__}")
     size = memoryview(data).nbytes
     if size > max_bytes:
         raise error(f"message of {size} bytes exceeds the limit of {max_bytes} bytes")
+    budget = _Budget(max_items, error)
     try:
         return msgpack.unpackb(
             data,
             ext_hook=ext_hook,
+            list_hook=budget.spend,
+            object_hook=budget.spend,
             raw=False,
             strict_map_key=True,
             max_str_len=min(size, MAX_STR_LEN),
@@ -189,6 +199,23 @@ def _encode_array(a: np.ndarray) -> bytes:
     # One struct for the name, ndim and axes; tobytes: the elements, C order (a small copy:
     # inline arrays are below framed.MIN_OUT_OF_BAND bytes, larger ones are lent as frames).
     return INLINE_HEADS[ndim].pack(raw, ndim, *a.shape) + a.tobytes()
+
+
+class _Budget:
+    """Counts the items of the containers msgpack builds (each handed over once it is
+    complete) and stops the decode when they pass the budget."""
+
+    __slots__ = ("error", "left", "limit")
+
+    def __init__(self, limit: int, error: type[Exception]) -> None:
+        self.left = self.limit = limit
+        self.error = error
+
+    def spend(self, container: Any) -> Any:
+        self.left -= 1 + len(container)
+        if self.left < 0:
+            raise self.error(f"more than {self.limit} items in the message's containers")
+        return container
 
 
 def _ext_hook(code: int, data: bytes) -> np.ndarray:

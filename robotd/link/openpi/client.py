@@ -43,6 +43,7 @@ import anyio
 from websockets.asyncio.client import ClientConnection
 from websockets.asyncio.client import connect as ws_connect
 from websockets.exceptions import ConnectionClosed, InvalidStatus, WebSocketException
+from websockets.protocol import State
 
 from robotd.link.openpi import codec
 from robotd.link.openpi.errors import (
@@ -55,6 +56,7 @@ from robotd.link.openpi.errors import (
 )
 from robotd.link.openpi.health import Endpoint, not_ready, tls_context
 from robotd.link.openpi.options import OpenpiOptions
+from robotd.link.openpi.shown import json_safe
 
 log = logging.getLogger("robotd.link.openpi")
 
@@ -107,10 +109,17 @@ class OpenpiLink:
 
     @property
     def state(self) -> LinkState:
+        if not self._lock.locked():
+            self._reap()
         return self._state
 
     @property
     def connected(self) -> bool:
+        """Whether the connection is up. One that closed while no act was in flight (the
+        server went away, or its pongs stopped coming) is dropped here with its reason: a
+        link left idle must not say connected to a server long gone."""
+        if not self._lock.locked():  # an act in flight reports its own connection's end
+            self._reap()
         return self._conn is not None
 
     async def connect(self, *, deadline_s: float | None = None) -> dict[Any, Any]:
@@ -165,7 +174,8 @@ class OpenpiLink:
             connects=self._state.connects + 1,
             metadata=json_safe(metadata),
         )
-        log.info("openpi server %s connected (metadata: %.200r)", self.endpoint.url, metadata)
+        shown = str(self._state.metadata)  # json_safe: bounded, unlike the server's own
+        log.info("openpi server %s connected (metadata: %.200s)", self.endpoint.url, shown)
         return metadata
 
     async def _open(self) -> ClientConnection:
@@ -180,6 +190,8 @@ class OpenpiLink:
             proxy=None,
             open_timeout=None,  # bounded by connect_timeout_s around the whole attempt
             close_timeout=CLOSE_TIMEOUT_S,
+            ping_interval=self.options.keepalive_s or None,
+            ping_timeout=self.options.keepalive_s or None,
             **kwargs,
         )
 
@@ -265,11 +277,20 @@ class OpenpiLink:
 
     def _require_conn(self) -> ClientConnection:
         self._require_open()
+        self._reap()
         if self._conn is None:
             raise ConnectionLost(
                 f"{self.endpoint.url}: not connected ({self._state.last_error or 'never was'})"
             )
         return self._conn
+
+    def _reap(self) -> None:
+        """Drop the connection if it has closed (websockets keeps reading between acts, so
+        a server's close, a reset or a keepalive timeout ends it while the link is idle)."""
+        conn = self._conn
+        if conn is None or conn.state is not State.CLOSED:
+            return
+        self._failed(_closed_error(conn.protocol.close_exc, "while idle").message)
 
     def _bad(self, message: str) -> BadReply:
         self._state = replace(self._state, last_error=message)
@@ -346,28 +367,3 @@ def _describe(exc: BaseException) -> str:
         return "no connection and metadata within the connect timeout"
     text = getattr(exc, "message", None) or str(exc) or type(exc).__name__
     return f"{type(exc).__name__}: {text}"[:500]
-
-
-def json_safe(value: Any, depth: int = 0) -> Any:
-    """`value` (the server's metadata) made JSON-safe and small for status: arrays and
-    bytes are described, strings, lists and maps are cut short."""
-    if depth > 4:
-        return "..."
-    if isinstance(value, dict):
-        items = list(value.items())[:32]
-        return {_key(k): json_safe(v, depth + 1) for k, v in items}
-    if isinstance(value, list):
-        return [json_safe(v, depth + 1) for v in value[:32]]
-    if isinstance(value, str):
-        return value[:200]
-    if isinstance(value, bytes):
-        return f"<{len(value)} bytes>"
-    if hasattr(value, "dtype") and hasattr(value, "shape"):
-        if getattr(value, "ndim", 1) == 0:
-            return value.item()
-        return f"<array {value.dtype} {list(value.shape)}>"
-    return value if isinstance(value, bool | int | float | type(None)) else repr(value)[:200]
-
-
-def _key(k: Any) -> str:
-    return k.decode("utf-8", "replace")[:100] if isinstance(k, bytes) else str(k)[:100]

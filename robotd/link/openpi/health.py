@@ -2,14 +2,19 @@
 
 openpi's WebsocketPolicyServer answers `GET /healthz` with 200 "OK" before any websocket
 handshake; serving engines in front of a pool answer 503 while no replica is ready. The
-poll runs stdlib `http.client` in a worker thread, bounded by its socket timeout, and
-connects directly (no proxy), as the websocket does.
+poll runs stdlib `http.client` in a worker thread and connects directly (no proxy), as the
+websocket does. The socket timeout bounds each read, not the answer, so a timer cuts the
+socket at the poll's own timeout: a server trickling its answer a byte at a time cannot
+keep the thread (abandoned by the cancelled attempt) and its socket for ever.
 """
 
 from __future__ import annotations
 
+import contextlib
 import http.client
+import socket
 import ssl
+import threading
 from dataclasses import dataclass
 from urllib.parse import urlsplit
 
@@ -62,12 +67,24 @@ def _get(
         conn = http.client.HTTPSConnection(ep.host, ep.port, timeout=timeout, context=ctx)
     else:
         conn = http.client.HTTPConnection(ep.host, ep.port, timeout=timeout)
+    timer = threading.Timer(timeout, _cut, (conn,))
+    timer.daemon = True
+    timer.start()
     try:
         conn.request("GET", path, headers=headers)
         resp = conn.getresponse()
         return resp.status, resp.read(MAX_BODY)
     finally:
+        timer.cancel()
         conn.close()
+
+
+def _cut(conn: http.client.HTTPConnection) -> None:
+    """Wake a read blocked on the connection's socket (close alone does not), ending it."""
+    sock = conn.sock
+    if sock is not None:
+        with contextlib.suppress(OSError):
+            sock.shutdown(socket.SHUT_RDWR)
 
 
 async def not_ready(

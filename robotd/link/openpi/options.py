@@ -220,6 +220,8 @@ class OpenpiOptions(_Model):
     healthz: str = "/healthz"  # polled before each connection attempt; "" = do not poll
     ca_file: str = ""  # wss://: a CA bundle to verify the server with (default: the system's)
     max_reply_bytes: int = Field(64 << 20, ge=1 << 10, le=1 << 30)  # one incoming frame
+    # a ping this often; no pong within as long again drops the connection (0: no pings)
+    keepalive_s: float = Field(20.0, ge=0, le=600)
 
     @model_validator(mode="after")
     def _check(self) -> OpenpiOptions:

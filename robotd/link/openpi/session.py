@@ -58,7 +58,7 @@ async def connect_openpi(
     except ValueError as exc:
         raise StartupError(f"{source} {session.endpoint!r}: {exc}") from None
     try:
-        metadata = await link.connect(deadline_s=deadline_s)
+        await link.connect(deadline_s=deadline_s)
     except ConnectionLost as exc:
         await link.close()
         raise StartupError(f"openpi server ({source}): {exc.message}") from None
@@ -76,7 +76,7 @@ async def connect_openpi(
     log.info(
         "openpi server at %s (metadata: %s): inputs %s",
         session.endpoint,
-        sorted(map(str, metadata))[:8],
+        list(link.state.metadata or {})[:8],  # json_safe: bounded, unlike `metadata`
         [i.source for i in cfg.policy.openpi.inputs],
     )
     return OpenpiPeer(link, acts)
