@@ -9,8 +9,16 @@ from typing import Any
 
 from robotd.lane.messages import ActFailed
 from robotd.link.steps import LinkCounters
+from robotd.repeats import Burst
 
 log = logging.getLogger("robotd.link")
+
+# A worker that refuses every act is asked again every 0.5 s (the lane's back-off) for as
+# long as it refuses: each failure is counted and told down, but the log says at most
+# SAID_PER_WINDOW of them each WINDOW_S, the next line with how many went unsaid.
+SAID_PER_WINDOW = 5
+WINDOW_S = 10.0
+_SAID = Burst(SAID_PER_WINDOW, WINDOW_S)
 
 
 def fail_ask(
@@ -27,5 +35,7 @@ def fail_ask(
         log.info("ask %d: not answered before the daemon stopped", ask_id)
         return
     counters.act_errors += 1
-    log.warning("ask %d: %s", ask_id, reason)
+    said = _SAID.say()
+    if said is not None:
+        log.warning("ask %d: %s%s", ask_id, reason, said.tail)
     send_down(ActFailed(ask_id, reason[:500]))
