@@ -35,7 +35,7 @@ from typing import Any
 import cv2
 import numpy as np
 
-from robotd.contract import MAX_IMAGE_SIDE, Camera
+from robotd.contract import MAX_IMAGE_PIXELS, MAX_IMAGE_SIDE, Camera
 
 CODECS = ("jpeg", "png", "raw")
 LAYOUTS = ("hwc_uint8", "chw_float")
@@ -246,6 +246,10 @@ def _check_shape(shape: Any, name: str) -> tuple[int, int, int]:
                 f"(must be 1..{MAX_IMAGE_SIDE})",
                 name,
             )
+    if h * w > MAX_IMAGE_PIXELS:
+        raise FrameError(
+            f"declared shape {[h, w, c]}: {h * w} pixels, over {MAX_IMAGE_PIXELS}", name
+        )
     return h, w, c
 
 

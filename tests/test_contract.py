@@ -143,6 +143,13 @@ def test_camera_rules() -> None:
     assert "observations.streams['top'].camera: width and height go together" in msg
     msg = error_of(one_stream(camera={"width": 0, "height": 10}))
     assert "observations.streams['top'].camera.width: 0 out of range (must be 1..16384)" in msg
+    # each side within bounds, the frame not: 805 MB a frame, fitted and sent every step
+    msg = error_of(one_stream(camera={"width": 16384, "height": 16384}))
+    assert (
+        "observations.streams['top'].camera: 16384x16384 is 268435456 pixels, over "
+        "33554432 (8192x4096)" in msg
+    )
+    Observations.from_wire(one_stream(camera={"width": 7680, "height": 4320}))  # 8K UHD
     for q in (0, 101):
         msg = error_of(one_stream(camera={"quality": q}))
         where = "observations.streams['top'].camera.quality"

@@ -286,6 +286,7 @@ def bad_messages() -> list[tuple[str, Any, str]]:
         ("4 channels", with_(jpeg, shape=[16, 24, 4]), "4 channels"),
         ("zero height", with_(jpeg, shape=[0, 24, 3]), "height 0 out of range"),
         ("huge width", with_(jpeg, shape=[16, 10**9, 3]), "width 1000000000 out of range"),
+        ("huge area", with_(jpeg, shape=[16384, 16384, 3]), "268435456 pixels, over 33554432"),
         ("jpeg wrong shape", with_(jpeg, shape=[24, 16, 3]), "header says 16x24"),
         ("png wrong shape", with_(png, shape=[16, 25, 3]), "header says 16x24"),
         (

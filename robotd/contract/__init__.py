@@ -22,6 +22,7 @@ from robotd.contract.diff import differences
 from robotd.contract.models import Actions, Camera, Observations, Stream
 from robotd.contract.resolved import ResolvedObservations, ResolvedStream
 from robotd.contract.rules import (
+    MAX_IMAGE_PIXELS,
     MAX_IMAGE_SIDE,
     MAX_RTC_DIM,
     MAX_RTC_ROWS,
@@ -35,6 +36,7 @@ __all__ = [
     "MAX_ANSWER_BYTES",
     "MAX_ANSWER_COLUMNS",
     "MAX_ANSWER_ROWS",
+    "MAX_IMAGE_PIXELS",
     "MAX_IMAGE_SIDE",
     "MAX_RTC_DIM",
     "MAX_RTC_ROWS",

@@ -12,6 +12,7 @@ from pydantic import BaseModel, ConfigDict, ValidationError, field_validator, mo
 from robotd.contract.answers import MAX_ANSWER_ROWS
 from robotd.contract.resolved import ResolvedObservations, ResolvedStream, _to_steps
 from robotd.contract.rules import (
+    MAX_IMAGE_PIXELS,
     MAX_IMAGE_SIDE,
     MAX_STEPS,
     MAX_STREAMS,
@@ -85,6 +86,11 @@ class Camera(_Model):
             side = getattr(self, name)
             if side is not None and not 0 < side <= MAX_IMAGE_SIDE:
                 problems.append(((name,), f"{side} out of range (must be 1..{MAX_IMAGE_SIDE})"))
+        if not problems and self.width is not None and self.height is not None:
+            area = self.width * self.height
+            if area > MAX_IMAGE_PIXELS:
+                problems.append(((), f"{self.width}x{self.height} is {area} pixels, over "
+                                 f"{MAX_IMAGE_PIXELS} (8192x4096)"))  # fmt: skip
         if not 1 <= self.quality <= 100:
             problems.append((("quality",), f"{self.quality} out of range (must be 1..100)"))
         if problems:

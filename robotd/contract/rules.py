@@ -12,6 +12,9 @@ from robotd.errors import validation_lines
 MAX_STREAMS = 64
 MAX_WINDOW = 256
 MAX_IMAGE_SIDE = 16384
+# A frame's area: 8192 x 4096, above 8K UHD's 33,177,600 (100 MB a frame raw). Each side
+# alone could ask for 16384 x 16384, 805 MB a frame, fitted and sent every step.
+MAX_IMAGE_PIXELS = 1 << 25
 MAX_STEPS = 10_000_000  # |offset| or every, in steps, after resolving
 MAX_RTC_ROWS = 4096  # an act's rtc: its delay, and the rows of its prefix and rest, each
 MAX_RTC_DIM = 1024  # an act's rtc: values per row
