@@ -8,13 +8,14 @@ import re
 from typing import Any
 
 # Exactly the causes the control lane latches a fault with (robotd/control: kernel.fault,
-# the startup latch in episode.py, process.py when the main process is gone).
+# the startup latch in episode.py, mainwatch.py when the main process is gone or silent).
 CAUSES = {
     "estop": "e-stop",
     "driver": "joint driver fault",
     "safety": "safety shield: rejected actions",
     "startup": "started latched",
     "main_gone": "control lane lost its main process",
+    "main_silent": "main process silent (stopped or hung)",
 }
 
 _CONTROL = re.compile("[\x00-\x1f\x7f-\x9f]")
