@@ -310,7 +310,10 @@ class OperatorServer:
     def handle_local(self, req: Request) -> Any:
         v = self.view
         if req.cmd == "status":
-            return {**v.state(), "run_id": v.run_id, "robot": v.robot, "link": v.link()}
+            out = {**v.state(), "run_id": v.run_id, "robot": v.robot, "link": v.link()}
+            if (trace := v.trace()) is not None:
+                out["trace"] = trace
+            return out
         if req.cmd == "stats":  # the lane's age first: its numbers may be its last
             return {**v.lane(), **v.summary.to_dict()}
         if req.cmd == "verdict":

@@ -89,6 +89,7 @@ class Daemon:
             self._link,
             lambda: self.routes.robot(self.bridge.status.queue if self.bridge.status else None),
             self.bridge.lane_age,
+            lambda: self.recorder.store.health() if self.recorder is not None else None,
         )
         self.recorder: Recorder | None = None
         self.routes = Routes(self.summary, self.events, lambda: self.session, None)
