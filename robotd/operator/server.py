@@ -47,6 +47,7 @@ from robotd.operator.requests import (
 )
 from robotd.operator.words import printable
 from robotd.runtime.bridge import LaneBusy
+from robotd.runtime.rundir import remove_socket_file
 from robotd.runtime.view import DaemonView, LaneCommands, PolicyParams, status_dict
 
 __all__ = [
@@ -210,7 +211,7 @@ class OperatorServer:
                 self.auth.stop()
             path = _ipc_path(self.control_ep)
             if path is not None:
-                path.unlink(missing_ok=True)
+                remove_socket_file(path)
 
     async def _reply(self, envelope: list[bytes], rid: Any, result: Any) -> None:
         if isinstance(result, RequestError):
@@ -389,5 +390,5 @@ class OperatorServer:
             self.pub.close(linger=0)
             path = _ipc_path(self.telemetry_ep)
             if path is not None:
-                path.unlink(missing_ok=True)
+                remove_socket_file(path)
 

@@ -33,6 +33,7 @@ from robotd.lane import codec
 from robotd.lane.messages import Beat, Bye, Command, Estop, Ready, Reply, Stats, Status, Step
 from robotd.operator.words import state_words
 from robotd.runtime.events import StaleCameras
+from robotd.runtime.rundir import remove_socket_file
 from robotd.runtime.view import SILENT_MIN_S, LaneClock, LaneSilence, status_dict
 
 log = logging.getLogger("robotd")
@@ -351,4 +352,4 @@ class LaneBridge:
     def close(self) -> None:
         for sock in (self.up, self.down, self.estop_sock):
             sock.close(linger=0)
-        Path(self.up_ep.removeprefix("ipc://")).unlink(missing_ok=True)
+        remove_socket_file(Path(self.up_ep.removeprefix("ipc://")))

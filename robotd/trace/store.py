@@ -268,7 +268,10 @@ class TraceStore:
                 write_json_atomic(self.run_dir / RUN_JSON, info)
             except OSError as exc:
                 log.error("trace: cannot update %s: %s", RUN_JSON, exc)
-            (self.run_dir / RESERVE).unlink(missing_ok=True)  # a finished run needs none
+            try:
+                (self.run_dir / RESERVE).unlink(missing_ok=True)  # a finished run needs none
+            except OSError as exc:  # a directory gone read-only: the lock goes all the same
+                log.error("trace: cannot remove %s: %s", RESERVE, exc)
         if self._lock is not None:
             self._lock.release()
 
