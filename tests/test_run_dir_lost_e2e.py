@@ -1,6 +1,7 @@
 """The run directory going bad under a running daemon (real daemon, real filesystems).
 
-Removed mid-episode: its sockets go with it, so nobody new could reach the robot (not even
+Removed mid-episode (or only its pid file, which keeps a second daemon off the robot): its
+sockets go with it, so nobody new could reach the robot (not even
 `robotctl estop` through lane.sock); the daemon notices, says so, e-stops the robot through
 the lane connection it still holds and stops (exit 1: a restart makes them again, latched).
 
@@ -35,7 +36,8 @@ def test_a_removed_run_directory_estops_the_robot_and_stops_saying_why(tmp_path)
         c.close()
     shutil.rmtree(d.dir)
     d.wait_line(r"CRITICAL robotd: run directory .*: control\.sock \(gone\), "
-                r"telemetry\.sock \(gone\), lane\.sock \(gone\): operators can no longer reach "
+                r"telemetry\.sock \(gone\), lane\.sock \(gone\), robotd\.pid \(gone\): operators "
+                r"can no longer reach "
                 r"this daemon", DEADLINE_S)
     d.wait_line(r"fault \{'cause': 'estop', 'detail': 'run directory lost: control\.sock",
                 DEADLINE_S)
@@ -43,6 +45,16 @@ def test_a_removed_run_directory_estops_the_robot_and_stops_saying_why(tmp_path)
     assert d.wait_exit() == 1
     assert d.result()["state"] == "FAULT", d.result()
     assert "Traceback" not in "".join(d.log), "".join(d.log[-30:])
+
+
+def test_a_removed_pid_file_estops_and_stops_before_a_second_daemon_can_start(tmp_path):
+    d = Daemon(tmp_path, "--set", 'robot.start="idle"', "--set", "safety.estop_category=0")
+    d.wait_line(r"operator socket", DEADLINE_S)
+    (d.dir / "robotd.pid").unlink()
+    d.wait_line(r"CRITICAL robotd: run directory .*: robotd\.pid \(gone\): a second daemon "
+                r"could start on it beside this one: e-stopping the robot", DEADLINE_S)
+    assert d.wait_exit() == 1
+    assert d.result()["state"] == "FAULT", d.result()
 
 
 @pytest.fixture

@@ -36,7 +36,7 @@ from robotd.runtime.options import Options
 from robotd.runtime.procutil import setup_logging, stop_on_signal
 from robotd.runtime.recorder import Recorder, open_recorder
 from robotd.runtime.routes import Routes
-from robotd.runtime.rundir import lock_run_dir, remove_socket_file
+from robotd.runtime.rundir import PID_FILE, lock_run_dir, remove_socket_file
 from robotd.runtime.rundir_watch import SocketWatch, watch_sockets
 from robotd.runtime.summary import RunSummary
 from robotd.runtime.supervisor import Supervisor
@@ -200,7 +200,8 @@ class Daemon:
         )
         await operator.start(tg)
         ends = [operator.control_ep, operator.telemetry_ep, b.estop_ep]
-        watch = SocketWatch([Path(e.removeprefix("ipc://")) for e in ends if e.startswith("ipc://")])
+        files = [Path(e.removeprefix("ipc://")) for e in ends if e.startswith("ipc://")]
+        watch = SocketWatch(files, held={self.dir / PID_FILE: self._lock})
         tg.start_soon(watch_sockets, watch, self._sockets_lost)
         if self.opts.status:
             tg.start_soon(StatusLine(self.view).run)
@@ -210,14 +211,19 @@ class Daemon:
             await self.stop.wait()
 
     async def _sockets_lost(self, lost: list[str]) -> None:
-        """The run directory lost its sockets: nobody new can reach the robot, an e-stop
-        included, so the robot is e-stopped here (the lane is still connected) and the
-        daemon stops, once torque is off, for a restart that makes them again, latched."""
+        """The run directory lost its sockets (nobody new can reach the robot, an e-stop
+        included) or its pid file (a second daemon could start on it and open the robot):
+        the robot is e-stopped here (the lane is still connected) and the daemon stops, once
+        torque is off, for a restart that makes them again, latched."""
         what = ", ".join(lost)
+        means = (
+            "operators can no longer reach this daemon (robotctl, robotctl estop through "
+            "lane.sock)" if any(".sock" in x for x in lost)
+            else "a second daemon could start on it beside this one"
+        )
         log.critical(
-            "run directory %s: %s: operators can no longer reach this daemon (robotctl, "
-            "robotctl estop through lane.sock): e-stopping the robot and stopping (a restart "
-            "makes them again and starts latched)", self.dir, what,
+            "run directory %s: %s: %s: e-stopping the robot and stopping (a restart makes "
+            "them again and starts latched)", self.dir, what, means,
         )
         try:
             await self.bridge.estop(f"run directory lost: {what}"[:200])

@@ -1,10 +1,11 @@
-"""The run directory's sockets, watched while the daemon runs.
+"""The run directory's sockets and pid file, watched while the daemon runs.
 
 Operators reach the daemon only through its socket files (control.sock, telemetry.sock) and
 the control lane through lane.sock, by path. A run directory removed under a running
 daemon (an $XDG_RUNTIME_DIR removed at logout, a cleaner of /tmp, a mistaken rm) takes
 them away: the sockets still serve whoever is connected, but nobody new can reach the
-robot, not even `robotctl estop`. Nothing else would notice: the watch looks once a
+robot, not even `robotctl estop`; and without its pid file a second daemon could start
+there and open the same robot. Nothing else would notice: the watch looks once a
 WATCH_S and tells the daemon, which e-stops the robot and stops (robotd.runtime.daemon).
 """
 
@@ -28,13 +29,18 @@ def _ident(path: Path) -> tuple[int, int] | None:
 
 
 class SocketWatch:
-    """The socket files as they were when taken (`paths`, each bound by now)."""
+    """The files as they were when taken (`paths`: sockets bound by now, the pid file)."""
 
-    def __init__(self, paths: list[Path]) -> None:
+    def __init__(self, paths: list[Path], held: dict[Path, int] | None = None) -> None:
+        """`held`: files known by a descriptor held open (the locked pid file), judged
+        against that file itself, however long ago it was opened."""
         self.known = [(p, ident) for p in paths if (ident := _ident(p)) is not None]
+        for path, fd in (held or {}).items():
+            st = os.fstat(fd)
+            self.known.append((path, (st.st_dev, st.st_ino)))
 
     def lost(self) -> list[str]:
-        """'control.sock (gone)', 'lane.sock (replaced)': each no longer the file bound."""
+        """'control.sock (gone)', 'lane.sock (replaced)': each no longer the file taken."""
         out = []
         for path, ident in self.known:
             now = _ident(path)
