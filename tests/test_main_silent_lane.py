@@ -66,3 +66,27 @@ def test_a_lane_that_never_heard_a_beat_is_not_judged(rig: LaneRig) -> None:
     rig.send(Command(1, "start"))
     _ticks(rig, 3 * HZ)
     assert rig.lane.kernel.status().state == "RUNNING"
+
+
+def test_a_full_down_queue_is_counted_not_hidden_on_the_future(tmp_path: Path) -> None:
+    """The bridge's sends never wait: a lane that takes nothing (here: none connected, so
+    ZeroMQ has nowhere to queue) is a drop, counted, for commands and beats alike. pyzmq's
+    asyncio socket puts zmq.Again on the returned future rather than raising it."""
+    import anyio
+    import zmq.asyncio
+
+    from robotd.lane.messages import Shutdown
+    from robotd.runtime.bridge import LaneBridge
+
+    async def main() -> tuple[bool, int]:
+        ctx = zmq.asyncio.Context()
+        bridge = LaneBridge(ctx, tmp_path)
+        try:
+            return bridge.send(Shutdown()), bridge.dropped
+        finally:
+            bridge.close()
+            ctx.term()
+
+    sent, dropped = anyio.run(main)
+    assert not sent, "a send with nowhere to go reported as sent"
+    assert dropped == 1
