@@ -157,6 +157,8 @@ class ControlConfig(_Model):
     # the main process gone: the lane holds in FAULT this long, then applies its e-stop
     # category and exits (a restarted daemon starts latched)
     orphan_s: float = Field(2.0, ge=0, le=60)
+    # the main process silent (stopped, hung) this long: FAULT, orphan_s held, the e-stop
+    main_silent_s: float = Field(5.0, ge=0.5, le=60)
 
     @field_validator("hz")
     @classmethod

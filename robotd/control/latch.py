@@ -20,9 +20,10 @@ from collections.abc import Callable
 from robotd.control.episode import EpisodeMachine
 from robotd.lane.messages import MAX_TEXT, Fault
 
-# A cause that stays present until it is seen gone (the driver reads again; the main process
-# never comes back to a lane it orphaned); every other cause is gone once it has latched.
-PERSISTENT_CAUSES = frozenset({"driver", "main_gone"})
+# A cause that stays present until it is seen gone (the driver reads again, a silent main
+# process speaks again; a main process never comes back to a lane it orphaned); every other
+# cause is gone once it has latched.
+PERSISTENT_CAUSES = frozenset({"driver", "main_gone", "main_silent"})
 
 
 class FaultLatch:

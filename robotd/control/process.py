@@ -35,14 +35,16 @@ from robotd.control.episode import CommandRefused
 from robotd.control.estop import EstopDesk, written_reply
 from robotd.control.histogram import LatencyHistogram
 from robotd.control.kernel import Kernel
+from robotd.control.mainwatch import MainWatch
 from robotd.control.playback import Chunk
-from robotd.control.ports import ORPHAN_WRITE_S, ControlSpec, LanePorts
+from robotd.control.ports import ORPHAN_WRITE_S, ControlSpec, LanePorts  # noqa: F401 (tests)
 from robotd.control.rt import enable_realtime, freeze_gc, small_thread_stacks
 from robotd.control.tick import TickIO
 from robotd.control.ticker import OverrunLog, RateLimiter, Tick, Ticker
 from robotd.lane import codec
 from robotd.lane.messages import (
     ActFailed,
+    Beat,
     Bye,
     ChunkRows,
     Command,
@@ -65,6 +67,7 @@ from robotd.shm import FrameRing, unlink_prefix
 log = logging.getLogger("robotd.control")
 
 MAX_INBOUND_PER_TICK = 32
+BEAT = codec.encode(Beat())  # the main process's beat: known by its bytes, not decoded
 
 
 def open_joint_driver(cfg: Config, context: DriverContext) -> JointDriver:
@@ -129,8 +132,7 @@ class ControlLane:
         self._first = True
         self.spec = spec
         self.orphaned = threading.Event()  # set when the main process is gone (PDEATHSIG)
-        self._orphan_since: int | None = None
-        self._orphan_estopped = False
+        self.main = MainWatch(self.kernel, self.io, c.orphan_s, c.main_silent_s, self.stop)
         self._estops_to_answer: list[int | None] = []  # main's e-stops, answered once written
         self.died = False
         self.io.start()
@@ -149,6 +151,7 @@ class ControlLane:
                 data = down.recv(zmq.NOBLOCK)
             except zmq.Again:
                 return
+            self.main.heard(self.clock(), data == BEAT)
             try:
                 self._handle(codec.decode_down(data))
             except codec.LaneError as exc:
@@ -248,8 +251,7 @@ class ControlLane:
                 detail = {"overruns": report[0], "skipped": report[1]}
                 self.outbox.append(Event("overrun", self.kernel.counters.ticks, detail))
         self.drain()
-        if self.orphaned.is_set():
-            self._orphan(tick.woke_ns)
+        self.main.tick(tick.woke_ns, self.orphaned.is_set())
         self.io.run(tick.woke_ns, tick.skipped)
         if self.estops.pending:
             self.estops.ack(self.io.done_ns)
@@ -263,38 +265,6 @@ class ControlLane:
         if tick.index % self.stats_every == 0:
             self.outbox.append(self.stats())
         self.flush()
-
-    def _orphan(self, now_ns: int) -> None:
-        """The main process is gone: hold in FAULT for control.orphan_s, then apply the e-stop
-        category once and, once torque off is written, stop (close() then cleans up what
-        main left). A torque-off the driver cannot write (the bus gone with main) is tried
-        every tick for ORPHAN_WRITE_S more, then the lane exits all the same, saying so:
-        nothing is left for it to do, and it would hold the port and lane.sock forever."""
-        k, orphan_s = self.kernel, self.cfg.control.orphan_s
-        if self._orphan_since is None:
-            self._orphan_since = now_ns
-            k.fault("main_gone", "the main process is gone: holding, then the e-stop")
-            log.error("the main process is gone: holding %g s, then the e-stop", orphan_s)
-            return
-        gone_s = (now_ns - self._orphan_since) / 1e9
-        if gone_s < orphan_s or self.stop.is_set():
-            return
-        if not self._orphan_estopped:
-            self._orphan_estopped = True
-            k.command("estop", f"the main process has been gone {orphan_s:g} s")
-            return
-        if not k.torque_on and not self.io.torque:  # torque off, and written
-            log.error("the e-stop is applied (torque off): the control lane exits")
-            self.stop.set()
-        elif gone_s >= orphan_s + ORPHAN_WRITE_S:
-            log.critical(
-                "torque off could not be written for %g s (%s): the control lane exits "
-                "anyway; the servos keep their last command unless their own watchdog stops "
-                "them: check the robot",
-                ORPHAN_WRITE_S,
-                self.io.failed or "the driver did not confirm it",
-            )
-            self.stop.set()
 
     def run(self) -> None:
         """The loop thread's body: returns when `stop` is set, the robot holding."""
@@ -355,7 +325,7 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format=fmt)
     stacks = small_thread_stacks()  # before any thread starts (signals, ZeroMQ, the loop)
     stop = install_stop_signals()
-    # The main process's death is not a stop: the lane holds, then e-stops (ControlLane._orphan).
+    # The main process's death is not a stop: the lane holds, then e-stops (MainWatch).
     orphaned = signal_event((signal.SIGUSR2,))
     die_with_parent(sig=signal.SIGUSR2)
     try:
@@ -367,7 +337,7 @@ def main(argv: list[str] | None = None) -> int:
     except DriverFault as exc:
         print(f"robotd control: joint driver failed to open: {exc}", file=sys.stderr)
         return 3
-    lane.stop = stop  # a signal and an inbound Shutdown end the loop the same way
+    lane.stop = lane.main.stop = stop  # a signal and an inbound Shutdown end the loop alike
     lane.orphaned = orphaned
     if stacks:
         lane.warnings_at_start.append(stacks)

@@ -2,7 +2,7 @@
 
 Down (main → control, on the lane's private socket): `ChunkRows` (the rows of a chunk
 that answers an ask), `Command` (an operator command, already validated and bounded),
-`ActFailed`, `EpisodeLost`, `Contract`, `Shutdown`. The e-stop socket (lane.sock, open
+`ActFailed`, `EpisodeLost`, `Contract`, `Beat`, `Shutdown`. The e-stop socket (lane.sock, open
 to the robot's group) takes `Estop` and nothing else.
 
 Up (control → main): `Step` (one per control tick: the observation made and, filled in at
@@ -125,6 +125,11 @@ class Contract(_Msg, tag="contract"):
     rtc: bool = False
 
 
+class Beat(_Msg, tag="beat"):
+    """The main process is alive (sent every BEAT_S, robotd.runtime.bridge): a lane that
+    hears nothing from it for control.main_silent_s holds and then e-stops."""
+
+
 class Shutdown(_Msg, tag="stop"):
     """Stop the loop (the robot holds), send the last stats and `Bye`, exit."""
 
@@ -138,7 +143,7 @@ class Estop(_Msg, tag="estop"):
     sent_ns: Annotated[int, msgspec.Meta(ge=0)] = 0  # as Command.sent_ns
 
 
-DownMsg = ChunkRows | Command | ActFailed | EpisodeLost | Contract | Shutdown
+DownMsg = ChunkRows | Command | ActFailed | EpisodeLost | Contract | Beat | Shutdown
 
 
 # ---- up: control → main --------------------------------------------------------------------

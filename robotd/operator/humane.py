@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from robotd.operator.words import printable, state_words, torque_words
+from robotd.operator.words import printable, state_words, torque_words, trace_words
 
 MAX_LINES = 400
 
@@ -118,6 +118,8 @@ def status(result: dict[str, Any]) -> str:
         lines.append("via      lane.sock: the main process did not answer, the control lane did")
     if isinstance(result.get("link"), dict) and result["link"]:
         lines.append(f"link     {link_words(result['link'])}")
+    if trace := trace_words(result.get("trace")):
+        lines.append(f"trace    {trace}")
     if result.get("run_id"):
         robot = printable(repr(result.get("robot", "?")))
         lines.append(f"run      {printable(result['run_id'])} on robot {robot}")

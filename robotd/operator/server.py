@@ -47,6 +47,7 @@ from robotd.operator.requests import (
 )
 from robotd.operator.words import printable
 from robotd.runtime.bridge import LaneBusy
+from robotd.runtime.rundir import remove_socket_file
 from robotd.runtime.view import DaemonView, LaneCommands, PolicyParams, status_dict
 
 __all__ = [
@@ -210,7 +211,7 @@ class OperatorServer:
                 self.auth.stop()
             path = _ipc_path(self.control_ep)
             if path is not None:
-                path.unlink(missing_ok=True)
+                remove_socket_file(path)
 
     async def _reply(self, envelope: list[bytes], rid: Any, result: Any) -> None:
         if isinstance(result, RequestError):
@@ -310,7 +311,10 @@ class OperatorServer:
     def handle_local(self, req: Request) -> Any:
         v = self.view
         if req.cmd == "status":
-            return {**v.state(), "run_id": v.run_id, "robot": v.robot, "link": v.link()}
+            out = {**v.state(), "run_id": v.run_id, "robot": v.robot, "link": v.link()}
+            if (trace := v.trace()) is not None:
+                out["trace"] = trace
+            return out
         if req.cmd == "stats":  # the lane's age first: its numbers may be its last
             return {**v.lane(), **v.summary.to_dict()}
         if req.cmd == "verdict":
@@ -386,5 +390,5 @@ class OperatorServer:
             self.pub.close(linger=0)
             path = _ipc_path(self.telemetry_ep)
             if path is not None:
-                path.unlink(missing_ok=True)
+                remove_socket_file(path)
 

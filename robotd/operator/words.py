@@ -8,13 +8,14 @@ import re
 from typing import Any
 
 # Exactly the causes the control lane latches a fault with (robotd/control: kernel.fault,
-# the startup latch in episode.py, process.py when the main process is gone).
+# the startup latch in episode.py, mainwatch.py when the main process is gone or silent).
 CAUSES = {
     "estop": "e-stop",
     "driver": "joint driver fault",
     "safety": "safety shield: rejected actions",
     "startup": "started latched",
     "main_gone": "control lane lost its main process",
+    "main_silent": "main process silent (stopped or hung)",
 }
 
 _CONTROL = re.compile("[\x00-\x1f\x7f-\x9f]")
@@ -122,3 +123,28 @@ def torque_words(state: Any) -> str:
     if isinstance(left, int | float) and not isinstance(left, bool) and 0 <= left < 1e6:
         return f"on — controlled stop (e-stop): off in {left:.1f} s"
     return "on"
+
+
+def trace_words(trace: Any) -> str:
+    """'recording' or 'NOT recording: disk full (episode-000001.mcap: …); 331 ticks of this
+    episode lost', from status's `trace` (TraceStore.health); '' when it is no dict."""
+    if not isinstance(trace, dict):
+        return ""
+    stopped = [_text(s, 60) for s in trace.get("stopped") or [] if isinstance(s, str)]
+    if trace.get("recording") is True:
+        out = "recording"
+        if stopped:
+            out += f" (write errors closed {', '.join(stopped)} earlier)"
+    else:
+        refused = trace.get("refused") if isinstance(trace.get("refused"), dict) else {}
+        why = "disk full" if refused.get("disk_full") is True else "write error"
+        where = f"{_text(refused['file'], 60)}: " if isinstance(refused.get("file"), str) else ""
+        out = f"NOT recording: {why} ({where}{_text(refused.get('error', '?'))})"
+        if lost := _count(trace.get("lost_ticks")):
+            out += f"; {lost} ticks of this episode lost"
+        out += "; the robot carries on"
+    dropped = trace.get("dropped") if isinstance(trace.get("dropped"), dict) else {}
+    records, frames = _count(dropped.get("records")), _count(dropped.get("frames"))
+    if records or frames:
+        out += f"; queue full: {records} records, {frames} frames dropped"
+    return out

@@ -30,9 +30,10 @@ import zmq
 import zmq.asyncio
 
 from robotd.lane import codec
-from robotd.lane.messages import Bye, Command, Estop, Ready, Reply, Stats, Status, Step
+from robotd.lane.messages import Beat, Bye, Command, Estop, Ready, Reply, Stats, Status, Step
 from robotd.operator.words import state_words
 from robotd.runtime.events import StaleCameras
+from robotd.runtime.rundir import remove_socket_file
 from robotd.runtime.view import SILENT_MIN_S, LaneClock, LaneSilence, status_dict
 
 log = logging.getLogger("robotd")
@@ -43,6 +44,10 @@ MAX_PENDING = 64  # commands waiting for the control lane's reply
 # are only read now. Far over any scheduling hiccup of a loaded 2-core machine.
 MAIN_STALL_S = 2.0
 STALL_BEAT_S = 0.1  # how often the stall watch wakes: the stall it reports is this exact
+# How often the lane is told this process lives (Beat): well under control.main_silent_s
+# (at least 0.5 s), after which the lane holds and then e-stops.
+BEAT_S = 0.2
+_BEAT = codec.encode(Beat())
 
 
 class LaneBusy(RuntimeError):
@@ -97,6 +102,8 @@ class LaneBridge:
         self.clock = LaneClock(hz)  # when the lane's ticks were (its events carry ticks)
         self.cameras = cameras
         self.last_step: Step | None = None  # the newest Step read (its frames' times)
+        self._connected = False  # down is connected: beats may go
+        self.beats_dropped = 0  # the lane's inbound queue full (the lane stopped): no news
 
     def on(self, kind: type, handler: Callable[[Any], None]) -> None:
         self._handlers[kind] = handler
@@ -113,14 +120,13 @@ class LaneBridge:
         """Connect down and lane.sock (the control process binds them)."""
         self.down.connect(self.down_ep)
         self.estop_sock.connect(self.estop_ep)
+        self._connected = True
 
     # ---- down ----------------------------------------------------------------------------
 
     def send(self, msg: Any) -> bool:
         """Send one message down without waiting; False (logged) when the queue is full."""
-        try:
-            self.down.send(codec.encode(msg), zmq.NOBLOCK)
-        except zmq.Again:
+        if not self._push(codec.encode(msg)):
             self.dropped += 1
             log.error("control lane inbound queue full: dropped %s", type(msg).__name__)
             return False
@@ -129,6 +135,19 @@ class LaneBridge:
                 self.tap(msg)
             except Exception:  # the trace's trouble is never the lane's
                 log.exception("the lane's tap failed on %s", type(msg).__name__)
+        return True
+
+    def _push(self, data: bytes) -> bool:
+        """Send on down now; False when its queue is full. An asyncio socket's NOBLOCK send
+        puts zmq.Again on the future it returns rather than raising it (done at once, as
+        no send ever waits here): read there, or the drop would go uncounted."""
+        fut = self.down.send(data, zmq.NOBLOCK)
+        if not fut.done():
+            return True
+        try:
+            fut.result()
+        except zmq.Again:
+            return False
         return True
 
     async def command(
@@ -208,7 +227,18 @@ class LaneBridge:
         async with anyio.create_task_group() as tg:
             tg.start_soon(self._watch_silence)
             tg.start_soon(self._watch_own_stall)
+            tg.start_soon(self._beat)
             await self._receive()
+
+    async def _beat(self) -> None:
+        """Tell the lane this process lives, every BEAT_S from the event loop itself: a
+        process stopped or an event loop blocked stops beating, and the lane notices
+        (robotd.control.mainwatch). Never through `send`: no trace, and a full queue (a
+        stopped lane, which the silence watch reports) is counted, not logged each time."""
+        while True:
+            if self._connected and not self._push(_BEAT):
+                self.beats_dropped += 1
+            await anyio.sleep(BEAT_S)
 
     async def _receive(self) -> None:
         while True:
@@ -322,4 +352,4 @@ class LaneBridge:
     def close(self) -> None:
         for sock in (self.up, self.down, self.estop_sock):
             sock.close(linger=0)
-        Path(self.up_ep.removeprefix("ipc://")).unlink(missing_ok=True)
+        remove_socket_file(Path(self.up_ep.removeprefix("ipc://")))

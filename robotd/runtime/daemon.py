@@ -37,7 +37,8 @@ from robotd.runtime.options import Options
 from robotd.runtime.procutil import setup_logging, stop_on_signal
 from robotd.runtime.recorder import Recorder, open_recorder
 from robotd.runtime.routes import Routes
-from robotd.runtime.rundir import lock_run_dir
+from robotd.runtime.rundir import PID_FILE, lock_run_dir, remove_socket_file
+from robotd.runtime.rundir_watch import SocketWatch, watch_sockets
 from robotd.runtime.summary import RunSummary
 from robotd.runtime.supervisor import Supervisor
 from robotd.runtime.view import DaemonView, silent_after_s
@@ -90,6 +91,7 @@ class Daemon:
             self._link,
             lambda: self.routes.robot(self.bridge.status.queue if self.bridge.status else None),
             self.bridge.lane_age,
+            lambda: self.recorder.store.health() if self.recorder is not None else None,
         )
         self.recorder: Recorder | None = None
         self.routes = Routes(self.summary, self.events, lambda: self.session, None)
@@ -198,12 +200,41 @@ class Daemon:
             self.view, b, self.cfg, self.dir, self.ctx, self.session, on_command
         )
         await operator.start(tg)
+        ends = [operator.control_ep, operator.telemetry_ep, b.estop_ep]
+        files = [Path(e.removeprefix("ipc://")) for e in ends if e.startswith("ipc://")]
+        watch = SocketWatch(files, held={self.dir / PID_FILE: self._lock})
+        tg.start_soon(watch_sockets, watch, self._sockets_lost)
         if self.opts.status:
             tg.start_soon(StatusLine(self.view).run)
         self._waiting = ""
         sdnotify.notify(f"STATUS=running at {self.cfg.control.hz:g} Hz")
         with anyio.move_on_after(self.opts.duration):  # --duration counts from serving
             await self.stop.wait()
+
+    async def _sockets_lost(self, lost: list[str]) -> None:
+        """The run directory lost its sockets (nobody new can reach the robot, an e-stop
+        included) or its pid file (a second daemon could start on it and open the robot):
+        the robot is e-stopped here (the lane is still connected) and the daemon stops, once
+        torque is off, for a restart that makes them again, latched."""
+        what = ", ".join(lost)
+        means = (
+            "operators can no longer reach this daemon (robotctl, robotctl estop through "
+            "lane.sock)" if any(".sock" in x for x in lost)
+            else "a second daemon could start on it beside this one"
+        )
+        log.critical(
+            "run directory %s: %s: %s: e-stopping the robot and stopping (a restart makes "
+            "them again and starts latched)", self.dir, what, means,
+        )
+        try:
+            await self.bridge.estop(f"run directory lost: {what}"[:200])
+            with anyio.move_on_after(5.0):  # a category-1 stop turns torque off after 0.5 s
+                while (st := self.bridge.status) is None or st.torque:
+                    await anyio.sleep(0.05)
+        except TimeoutError as exc:
+            log.critical("%s", exc)
+        self.exit_code = 1
+        self._stop_now()
 
     def _unit_status(self) -> str:
         """systemd's STATUS: the lane's state, and while start-up waits for the worker what
@@ -275,7 +306,7 @@ class Daemon:
         self.bridge.close()
         self.ctx.term()
         for ep in (self.bridge.down_ep, self.bridge.estop_ep):
-            Path(ep.removeprefix("ipc://")).unlink(missing_ok=True)
+            remove_socket_file(Path(ep.removeprefix("ipc://")))
         if self.shared is not None:
             self.shared.unlink()
 

@@ -219,3 +219,13 @@ def lock_holder(path: Path) -> int | None:
         if len(f) >= 6 and f[1] == "FLOCK" and f[5] == inode and f[4].isdigit():
             return int(f[4])
     return None
+
+
+def remove_socket_file(path: Path) -> None:
+    """Remove a socket file this run made, at its end. A directory that refuses (remounted
+    read-only) leaves it behind, said rather than raised: the rest of the shutdown goes on
+    (a later start binds over a stale socket file)."""
+    try:
+        path.unlink(missing_ok=True)
+    except OSError as exc:
+        log.warning("cannot remove %s: %s: left behind", path, exc.strerror or exc)

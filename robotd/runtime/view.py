@@ -163,6 +163,7 @@ class DaemonView:
     _link: Callable[[], dict[str, Any]]
     _robot: Callable[[], dict[str, Any]] = field(default=dict)
     _lane: Callable[[], dict[str, Any]] = field(default=dict)  # LaneBridge.lane_age
+    _trace: Callable[[], dict[str, Any] | None] = field(default=lambda: None)  # store.health
 
     def state(self) -> dict[str, Any]:
         out = status_dict(self._status())
@@ -181,6 +182,10 @@ class DaemonView:
 
     def link(self) -> dict[str, Any]:
         return self._link()
+
+    def trace(self) -> dict[str, Any] | None:
+        """Whether the trace reaches the disk (TraceStore.health); None: no trace on disk."""
+        return self._trace()
 
     def robot_state(self) -> dict[str, Any]:
         """{"pos", "target", "queue"}: joint positions read and targets written at the last

@@ -16,6 +16,11 @@ def iso_now() -> str:
     return dt.datetime.now(dt.UTC).isoformat()
 
 
+def refusal(name: str, exc: OSError) -> dict[str, Any]:
+    """Why file `name` takes no records (status says it while it lasts)."""
+    return {"file": name, "error": str(exc), "disk_full": is_disk_full(exc), "at": iso_now()}
+
+
 @dataclass
 class OpenFile:
     """One MCAP file being written (an episode's, or the run's session file)."""

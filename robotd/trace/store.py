@@ -212,6 +212,33 @@ class TraceStore:
                           len(o), t.errors, t.deleted, t.is_alive(), self.frames_lost,
                           t.encoded, round(t.encode_ns / 1e9, 6), round(t.cpu_ns / 1e9, 6))
 
+    def health(self) -> dict[str, Any] | None:
+        """Whether records reach the disk now, for status (None: nothing goes to disk).
+        ``recording``; when not, ``refused``: the file, its error, ``disk_full``, since
+        when; ``stopped``: the files write errors closed this run; ``lost_ticks``: ticks of
+        the open episode that no file holds; ``dropped``: records and frames a full queue
+        dropped. Read from the writer thread's state as it stands (plain attributes)."""
+        t = self._thread
+        if self.run_dir is None:
+            return None
+        key = t.current
+        f = t.files.get(key) if key is not None else None
+        recording = (f is not None and not f.broken) if key is not None else t.refused is None
+        out: dict[str, Any] = {"recording": recording, "dir": str(self.run_dir)}
+        if not t.is_alive() and not self._closed:
+            out["recording"] = False
+            out["refused"] = {"error": "the trace's writer thread is gone"}
+        elif not recording and t.refused is not None:
+            out["refused"] = dict(t.refused)
+        if t.stopped:
+            out["stopped"] = [str(s.get("file")) for s in t.stopped[-8:]]
+        if f is not None and f.broken:
+            out["lost_ticks"] = f.ticks - f.kept[0]
+        o = self._outbox
+        if o.dropped_records or o.dropped_frames:
+            out["dropped"] = {"records": o.dropped_records, "frames": o.dropped_frames}
+        return out
+
     def flush(self, timeout: float = 10.0) -> bool:
         """Wait until everything queued so far is on disk (tests, before a summary)."""
         done = threading.Event()
@@ -241,7 +268,10 @@ class TraceStore:
                 write_json_atomic(self.run_dir / RUN_JSON, info)
             except OSError as exc:
                 log.error("trace: cannot update %s: %s", RUN_JSON, exc)
-            (self.run_dir / RESERVE).unlink(missing_ok=True)  # a finished run needs none
+            try:
+                (self.run_dir / RESERVE).unlink(missing_ok=True)  # a finished run needs none
+            except OSError as exc:  # a directory gone read-only: the lock goes all the same
+                log.error("trace: cannot remove %s: %s", RESERVE, exc)
         if self._lock is not None:
             self._lock.release()
 

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from robotd.trace import budget, codec
-from robotd.trace.episodes import OpenFile, iso_now
+from robotd.trace.episodes import OpenFile, iso_now, refusal
 from robotd.trace.mcapfile import McapFile
 from robotd.trace.outbox import Outbox
 from robotd.trace.pending import RETRY_S, PendingJson
@@ -50,6 +50,7 @@ class WriterThread(threading.Thread):
         self.sidecars: dict[int, tuple[Path, dict[str, Any]]] = {}  # episode -> ended sidecar
         self.pending = PendingJson()  # sidecars a write error held back, retried
         self.stopped: list[dict[str, Any]] = []  # files a write error closed: run.json's
+        self.refused: dict[str, Any] | None = None  # why nothing is written now (status)
         self._session_tried = 0.0  # when a session file was last tried (after a failure)
         self.records = self.frames = self.bytes = self.errors = self.deleted = 0
         self.encoded = self.encode_ns = 0  # frames given as pixels, and their JPEG time
@@ -234,9 +235,11 @@ class WriterThread(threading.Thread):
         try:
             mf = self._open_file(SESSION.removesuffix(".mcap"), {"run": self.run_dir.name})
         except OSError as exc:
+            self.refused = refusal(SESSION, exc)
             if s is None:
                 self._complain("session", f"trace: cannot open {SESSION}: {exc}")
             return None
+        self.refused = None
         if s is not None:
             log.warning("trace: writing again: the session continues in %s (%s was closed "
                         "by a write error)", mf.path.name, s.file.path.name)
@@ -259,8 +262,10 @@ class WriterThread(threading.Thread):
         try:
             mf = self._open_file(episode_name(episode), info)
         except OSError as exc:
+            self.refused = refusal(episode_name(episode) + ".mcap", exc)
             self._complain("open", f"trace: cannot open episode {episode}'s file: {exc}")
             return
+        self.refused = None
         f = OpenFile(mf, episode, mf.path.with_suffix(".json"), info={**info, "file": mf.path.name})
         self.files[key] = f
         self._event(f, EPISODE_START, start, t, tick)
@@ -327,6 +332,7 @@ class WriterThread(threading.Thread):
             f.stop(exc)
             f.file.abandon()
             self.stopped.append({"file": f.file.path.name, **(f.stopped or {})})
+            self.refused = self.stopped[-1]
             self._complain(f"broken:{f.file.path}", f"trace: {f.file.path}: {exc}; file closed")
             self._sidecar(f)  # says so at once, should the daemon not live to the end
 
