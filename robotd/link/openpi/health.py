@@ -67,20 +67,26 @@ def _get(
         conn = http.client.HTTPSConnection(ep.host, ep.port, timeout=timeout, context=ctx)
     else:
         conn = http.client.HTTPConnection(ep.host, ep.port, timeout=timeout)
-    timer = threading.Timer(timeout, _cut, (conn,))
+    cut = threading.Event()
+    timer = threading.Timer(timeout, _cut, (conn, cut))
     timer.daemon = True
     timer.start()
     try:
         conn.request("GET", path, headers=headers)
         resp = conn.getresponse()
         return resp.status, resp.read(MAX_BODY)
+    except (OSError, http.client.HTTPException):
+        if cut.is_set():  # what the cut socket raised (a reset, a short read) is ours
+            raise TimeoutError(f"timed out: no whole answer within {timeout:g} s") from None
+        raise
     finally:
         timer.cancel()
         conn.close()
 
 
-def _cut(conn: http.client.HTTPConnection) -> None:
+def _cut(conn: http.client.HTTPConnection, cut: threading.Event) -> None:
     """Wake a read blocked on the connection's socket (close alone does not), ending it."""
+    cut.set()
     sock = conn.sock
     if sock is not None:
         with contextlib.suppress(OSError):
