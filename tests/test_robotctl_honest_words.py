@@ -101,9 +101,14 @@ def test_timeout_must_be_positive_and_finite(capsys, silent, value: str) -> None
 
 
 def test_no_reply_to_a_sent_command_says_it_may_still_act(capsys, silent) -> None:
-    code, _, err = _run(capsys, "start", "--timeout", "0.2")
+    code, _, err = _run(capsys, "stop", "--timeout", "0.2")
     assert code == robotctl.EXIT_UNREACHABLE
     assert "may still take effect" in err and "robotctl status" in err
+    # a start reaching the lane after robotctl gave up is refused (expired): said so
+    code, _, err = _run(capsys, "start", "--timeout", "0.2")
+    assert code == robotctl.EXIT_UNREACHABLE
+    assert "the start is not carried out if it reaches the control lane from now on" in err
+    assert "robotctl status" in err
     code, _, err = _run(capsys, "status", "--timeout", "0.2")  # asks only: nothing to take effect
     assert code == robotctl.EXIT_UNREACHABLE and "may still" not in err
 

@@ -19,7 +19,7 @@ import numpy as np
 
 from drivers.base import JointState
 from robotd.config import Config
-from robotd.control import resume
+from robotd.control import gate, resume
 from robotd.control.counters import Counters
 from robotd.control.episode import CommandRefused, EpisodeMachine, State
 from robotd.control.latch import FaultLatch
@@ -27,12 +27,11 @@ from robotd.control.playback import Chunk, playback_for
 from robotd.control.record import StepRecorder
 from robotd.control.shield import REJECTED, Shield
 from robotd.control.watchdog import Watchdog
-from robotd.lane.messages import Ask, Event, FrameRef, Status
+from robotd.lane.messages import UNDO_ESTOP, Ask, Event, FrameRef, Status
 
 Emit = Callable[[Any], None]
 Asker = Callable[[Ask], Chunk | None]
 ESTOP_STOP_S = 0.5  # category 1: hold this long (a controlled stop), then torque off
-UNDO_ESTOP = frozenset({"clear_fault", "start", "reset_done"})  # commands that end a stop
 
 
 def _shield(cfg: Config, dt: float) -> Shield:
@@ -107,19 +106,18 @@ class Kernel:
 
     # ---- commands and messages from the main process --------------------------------------
 
-    def command(self, cmd: str, reason: str = "", task: str = "", sent_ns: int = 0) -> Status:
+    def command(
+        self, cmd: str, reason: str = "", task: str = "", sent_ns: int = 0, *,
+        expires_ns: int = 0, now_ns: int = 0,
+    ) -> Status:  # fmt: skip
         """Apply an operator command; returns the status or raises CommandRefused.
-        `sent_ns`: when the operator's request was taken (CLOCK_MONOTONIC, 0: unknown). A
-        command that would move the robot again, taken before the latest e-stop, is refused:
-        e-stops overtake other commands on their own socket, and one must never be undone by
-        a command its operator could not have meant to follow it."""
+        `sent_ns`: when the operator's request was taken, `expires_ns` when its client stops
+        waiting, `now_ns` now (CLOCK_MONOTONIC, 0: unknown): a command that would move the
+        robot again is refused when taken before the latest e-stop or arriving after its
+        client gave up (robotd.control.gate)."""
         m = self.machine
-        if sent_ns and cmd in UNDO_ESTOP and sent_ns <= self._estop_ns:
-            raise CommandRefused(
-                "superseded",
-                f"{cmd} was sent before the e-stop that followed it, so it is not carried "
-                "out; send it again once the robot is safe",
-            )
+        if cmd in UNDO_ESTOP:
+            gate.undo_allowed(cmd, sent_ns, self._estop_ns, expires_ns, now_ns)
         if cmd == "estop":
             self._estop_ns = max(self._estop_ns, sent_ns)
             self.fault("estop", reason or "operator e-stop")

@@ -170,7 +170,10 @@ class ControlLane:
             k.deliver(Chunk(msg.ask, msg.wep, msg.s, rows))
         elif isinstance(msg, Command):
             try:
-                status = k.command(msg.cmd, msg.reason, msg.task, msg.sent_ns)
+                status = k.command(
+                    msg.cmd, msg.reason, msg.task, msg.sent_ns,
+                    expires_ns=msg.expires_ns, now_ns=time.monotonic_ns(),
+                )  # fmt: skip
                 if msg.cmd == "estop":  # answered after this tick's write: written or not
                     self._estops_to_answer.append(msg.id)
                 else:

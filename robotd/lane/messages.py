@@ -90,6 +90,11 @@ class ChunkRows(_Msg, tag="rows"):
 CommandName = Literal["status", "start", "stop", "estop", "clear_fault", "reset_done"]
 
 
+# Commands that end a stop (the robot may move again after them): refused when taken before
+# the latest e-stop, or reaching the lane after their client stopped waiting (expires_ns)
+UNDO_ESTOP = frozenset({"clear_fault", "start", "reset_done"})
+
+
 class Command(_Msg, tag="cmd"):
     """An operator command for the control lane; answered by a `Reply` with the same id."""
 
@@ -100,6 +105,9 @@ class Command(_Msg, tag="cmd"):
     # CLOCK_MONOTONIC (system-wide) when the operator's request was taken (0: unknown): a
     # command taken before an e-stop must not undo it, whichever socket reaches the lane first
     sent_ns: Annotated[int, msgspec.Meta(ge=0)] = 0
+    # CLOCK_MONOTONIC after which its client no longer waits for the answer (0: none): a
+    # command that would move the robot again is refused past it (`expired`)
+    expires_ns: Annotated[int, msgspec.Meta(ge=0)] = 0
 
 
 class ActFailed(_Msg, tag="act_failed"):

@@ -140,7 +140,13 @@ class ControlClient:
     def request(self, cmd: str, args: dict[str, Any] | None = None) -> dict[str, Any]:
         """The reply `{id, ok, result | error}`; Unreachable when none came in time."""
         self._id += 1
-        msg: dict[str, Any] = {"id": self._id, "cmd": cmd, "args": args or {}}
+        # wait_s: a command that would move the robot is not carried out after we gave up
+        msg: dict[str, Any] = {
+            "id": self._id,
+            "cmd": cmd,
+            "args": args or {},
+            "wait_s": self.timeout_s,
+        }
         if self.endpoint.startswith("ipc://"):  # same machine, same clock: see Request.sent_ns
             msg["sent_ns"] = time.monotonic_ns()
         try:

@@ -10,6 +10,7 @@ summary (`summary`), never the arguments verbatim.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -58,6 +59,27 @@ class Request:
     # CLOCK_MONOTONIC ns when the client sent it (a local client's; the server keeps the
     # earlier of it and its own receipt, so it can only make a command older, never newer)
     sent_ns: int | None = None
+    # how long its client waits for the answer (None: it did not say): a command that would
+    # move the robot again is not carried out once its client has given up on it
+    wait_s: float | None = None
+
+
+MAX_WAIT_S = 3600.0
+ENVELOPE = ("id", "cmd", "args", "sent_ns", "wait_s")  # a request's fields
+
+
+def _wait_s(msg: dict[str, Any], rid: Any) -> float | None:
+    wait = msg.get("wait_s")
+    if wait is None:
+        return None
+    ok = type(wait) in (int, float) and math.isfinite(wait) and 0 < wait <= MAX_WAIT_S
+    if not ok:
+        raise RequestError(
+            "bad_request",
+            f"field 'wait_s' must be a number of seconds in (0, {MAX_WAIT_S:g}]",
+            rid,
+        )
+    return float(wait)
 
 
 def _sent_ns(msg: dict[str, Any], rid: Any) -> int | None:
@@ -196,7 +218,7 @@ def parse_request(data: bytes) -> Request:
     if not isinstance(msg, dict):
         raise RequestError("bad_request", f"request must be a map, got {type(msg).__name__}")
     rid = _rid(msg)
-    extra = sorted(str(k)[:MAX_KEY_LEN] for k in msg if k not in ("id", "cmd", "args", "sent_ns"))
+    extra = sorted(str(k)[:MAX_KEY_LEN] for k in msg if k not in ENVELOPE)
     if extra:
         raise RequestError("bad_request", f"unknown request fields: {', '.join(extra)}", rid)
     cmd = msg.get("cmd")
@@ -213,7 +235,19 @@ def parse_request(data: bytes) -> Request:
         raise RequestError(
             "unknown_command", f"unknown cmd {cmd[:MAX_KEY_LEN]!r} (known: {known})", rid
         )
-    return Request(rid, cmd, _check_args(cmd, args, rid), _sent_ns(msg, rid))
+    args = _check_args(cmd, args, rid)
+    return Request(rid, cmd, args, _sent_ns(msg, rid), _wait_s(msg, rid))
+
+
+DEFAULT_WAIT_S = 10.0  # how long a client that does not say (wait_s) is taken to wait
+
+
+def expires_ns(req: Request) -> int:
+    """When `req`'s client stops waiting for its answer (CLOCK_MONOTONIC): its time taken
+    plus its wait_s, DEFAULT_WAIT_S when it did not say; 0 (never) when not stamped."""
+    if not req.sent_ns:
+        return 0
+    return req.sent_ns + round((req.wait_s or DEFAULT_WAIT_S) * 1e9)
 
 
 def lane_args(req: Request) -> dict[str, Any]:

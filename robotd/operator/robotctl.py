@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 from robotd.errors import ConfigError
-from robotd.lane.messages import NOT_WRITTEN
+from robotd.lane.messages import NOT_WRITTEN, UNDO_ESTOP
 from robotd.operator import humane
 from robotd.operator.client import (
     DEFAULT_TIMEOUT_S,
@@ -349,7 +349,12 @@ def _run(args: argparse.Namespace, out: Output) -> int:
         )
     except Unreachable as exc:
         said = str(exc)
-        if exc.sent and (args.command in ACTING or "set" in request):
+        if exc.sent and args.command in UNDO_ESTOP:  # refused once past our wait: expired
+            said += (
+                f"; the {args.command} is not carried out if it reaches the control lane "
+                "from now on, but may have just now: check robotctl status"
+            )
+        elif exc.sent and (args.command in ACTING or "set" in request):
             said += f"; the {args.command} may still take effect: check robotctl status"
         return out.error(args.command, "unreachable", said, EXIT_UNREACHABLE)
     if reply.get("ok"):

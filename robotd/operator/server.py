@@ -40,6 +40,7 @@ from robotd.operator.requests import (
     LOCAL_COMMANDS,
     Request,
     RequestError,
+    expires_ns,
     lane_args,
     parse_request,
     split_request,
@@ -300,7 +301,9 @@ class OperatorServer:
     async def handle_lane(self, req: Request) -> Any:
         """Forward a validated lane command (only its bounded arguments) and await the reply."""
         log.info("operator: %s %s", req.cmd, summary(req.args))
-        reply = await self.lane.command(req.cmd, **lane_args(req), sent_ns=req.sent_ns)
+        reply = await self.lane.command(
+            req.cmd, **lane_args(req), sent_ns=req.sent_ns, expires_ns=expires_ns(req)
+        )
         if not reply.ok:
             raise RequestError(reply.code or "refused", reply.message or "refused")
         out = status_dict(reply.status)  # the state the command left, not a later one

@@ -158,11 +158,13 @@ class LaneBridge:
         task: str = "",
         timeout_s: float = 5.0,
         sent_ns: int | None = None,
+        expires_ns: int = 0,
     ) -> Reply:
         """An operator command and the lane's reply; TimeoutError, or LaneBusy at once when
         MAX_PENDING commands already wait. The e-stop goes through `estop` instead.
         `sent_ns`: when the request was taken (None: now); the lane orders it against
-        e-stops by it."""
+        e-stops by it. `expires_ns`: when its client stops waiting (0: never), past which
+        the lane refuses a command that would move the robot again."""
         sent_ns = sent_ns or time.monotonic_ns()
         if cmd == "estop":
             return await self.estop(reason, timeout_s=timeout_s, sent_ns=sent_ns)
@@ -173,7 +175,9 @@ class LaneBridge:
         done, box = anyio.Event(), []
         self._pending[rid] = (done, box)
         try:
-            msg = Command(rid, cmd, reason=reason, task=task, sent_ns=sent_ns)  # type: ignore[arg-type]
+            msg = Command(
+                rid, cmd, reason=reason, task=task, sent_ns=sent_ns, expires_ns=expires_ns
+            )  # type: ignore[arg-type]
             if not self.send(msg):
                 raise LaneBusy("the control lane's inbound queue is full")
             with anyio.fail_after(timeout_s):
