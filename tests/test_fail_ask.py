@@ -18,7 +18,8 @@ def test_every_failure_is_counted_and_told_down_but_the_log_says_a_few(
     monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
     now = [0.0]
-    monkeypatch.setattr(failures, "_SAID", Burst(5, 10.0, clock=lambda: now[0]))
+    monkeypatch.setattr(failures, "_SAID", {})
+    monkeypatch.setattr(failures, "Burst", lambda n, s: Burst(n, s, clock=lambda: now[0]))
     counters, down = LinkCounters(), []
     caplog.set_level(logging.WARNING, "robotd.link")
     for ask in range(100):  # 5 s of asks every 0.05 s
@@ -33,3 +34,8 @@ def test_every_failure_is_counted_and_told_down_but_the_log_says_a_few(
     assert caplog.records[-1].getMessage() == (
         "ask 100: act failed: bad_actions (+95 more in the last 10 s)"
     )
+    # another kind of failure is said at once, however the first floods
+    for ask in range(101, 120):
+        failures.fail_ask(counters, down.append, ask, "act failed: x", stopping=False)
+    failures.fail_ask(counters, down.append, 120, "chunk refused: row 2", stopping=False)
+    assert caplog.records[-1].getMessage() == "ask 120: chunk refused: row 2"

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+
 import numpy as np
 import pytest
 
@@ -179,10 +181,11 @@ def test_estop_category_0_is_torque_off_at_once():
 def test_a_command_taken_before_the_latest_estop_is_refused_as_superseded(cmd: str):
     rig = started("safety.estop_category=0")
     rig.tick()
-    rig.k.command("estop", "first", sent_ns=1_000)
-    rig.k.command("estop", "second", sent_ns=3_000)
+    first, between, second = (time.monotonic_ns() for _ in range(3))  # CLOCK_MONOTONIC
+    rig.k.command("estop", "first", sent_ns=first)
+    rig.k.command("estop", "second", sent_ns=second)
     with pytest.raises(CommandRefused) as refused:
-        rig.k.command(cmd, sent_ns=2_000)  # taken between them: before the latest
+        rig.k.command(cmd, sent_ns=between)  # taken between them: before the latest
     assert refused.value.code == "superseded" and "before the e-stop" in str(refused.value)
     assert rig.k.status().state == "FAULT"
 
@@ -190,11 +193,25 @@ def test_a_command_taken_before_the_latest_estop_is_refused_as_superseded(cmd: s
 def test_commands_taken_after_an_estop_or_unstamped_are_carried_out():
     rig = started("safety.estop_category=0")
     rig.tick()
-    rig.k.command("estop", "", sent_ns=5_000)
+    rig.k.command("estop", "", sent_ns=time.monotonic_ns())
     rig.k.command("estop", "the lane's own, unstamped")  # 0 never moves the mark back
-    assert rig.k.command("clear_fault", sent_ns=5_001).state == "IDLE"
-    rig.k.command("estop", "", sent_ns=6_000)
+    assert rig.k.command("clear_fault", sent_ns=time.monotonic_ns()).state == "IDLE"
+    rig.k.command("estop", "", sent_ns=time.monotonic_ns())
     assert rig.k.command("clear_fault").state == "IDLE"  # unstamped: a test's or replay's
+
+
+def test_a_clear_fault_taken_before_a_fault_of_the_lanes_own_does_not_clear_it():
+    rig = started("safety.driver_fault_run=3")
+    rig.tick()
+    taken = time.monotonic_ns()  # an operator's clear_fault, queued while the bus fails
+    for _ in range(3):
+        rig.tick(joints=False)
+    rig.tick()  # the bus reads again: the cause is gone, the latch stays
+    assert rig.k.machine.state == "FAULT" and rig.k.machine.fault.cause == "driver"
+    with pytest.raises(CommandRefused) as refused:
+        rig.k.command("clear_fault", sent_ns=taken)
+    assert refused.value.code == "superseded"
+    assert rig.k.command("clear_fault", sent_ns=time.monotonic_ns()).state == "IDLE"
 
 
 def test_driver_failures_latch_fault_and_recovery_allows_clear():

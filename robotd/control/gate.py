@@ -1,9 +1,10 @@
 """Whether an operator command that would move the robot again may still act, by when it
 was sent: the two rules of time that stand between an operator and a surprise motion.
 
-- Taken before the latest e-stop: e-stops overtake other commands on their own socket
-  (lane.sock), and one must never be undone by a command its operator could not have meant
-  to follow it (`superseded`).
+- Taken before the latest e-stop or fault: e-stops overtake other commands on their own
+  socket (lane.sock), the lane latches faults of its own (a silent main process, a driver),
+  and none must be undone by a command its operator could not have meant to follow it
+  (`superseded`).
 - Arriving after its client stopped waiting for the answer (the main process stopped or
   starved while it waited): its operator was told nobody answered, and a start that runs
   seconds later is a motion nobody expects (`expired`).
@@ -27,6 +28,6 @@ def undo_allowed(cmd: str, sent_ns: int, estop_ns: int, expires_ns: int, now_ns:
     if sent_ns and sent_ns <= estop_ns:
         raise CommandRefused(
             "superseded",
-            f"{cmd} was sent before the e-stop that followed it, so it is not carried "
-            "out; send it again once the robot is safe",
+            f"{cmd} was sent before the e-stop or fault that followed it, so it is not "
+            "carried out; send it again once the robot is safe",
         )

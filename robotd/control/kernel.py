@@ -12,6 +12,7 @@ message (robotd.lane.messages).
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -80,7 +81,7 @@ class Kernel:
         self._ep_steps0 = 0  # counters.steps when the operator episode started
         self.wep = ""  # worker-side episode id
         self.task = ""  # the operator's task text for the episode
-        self._estop_ns = 0  # when the latest operator e-stop was taken (CLOCK_MONOTONIC)
+        self._estop_ns = 0  # the latest e-stop taken or fault latched (robotd.control.gate)
         self._wep_n = 0
         self._said = 0  # states said (Status.seq)
         self._grippers = list(cfg.joints.gripper_indices())
@@ -392,6 +393,8 @@ class Kernel:
         if self.machine.state is State.RUNNING:
             self._episode_ended("fault", cause)
         self.latch.latch(cause, detail, self.counters.ticks)
+        # a clear_fault or start sent before this fault (the lane's own too) must not undo it
+        self._estop_ns = max(self._estop_ns, time.monotonic_ns())
 
     def _event(self, name: str, **detail: Any) -> None:
         self.emit(Event(name, self.counters.ticks, detail))

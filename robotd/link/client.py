@@ -309,12 +309,14 @@ class PolicyClient:
 
     def _dispatch(self, frames: list[bytes]) -> None:
         """Hand one reply (one frame, or framed) to the request it answers; any other reply
-        is dropped, counted by kind and logged (`_drop`)."""
-        self.last_heard = time.monotonic()
+        is dropped, counted by kind and logged (`_drop`). Only an answer to one of our
+        requests (late ones too) is news of the worker (`last_heard`): junk a peer streams
+        at us is not a heartbeat."""
         typed = decode_act_reply(frames)
         if typed is not None:
             pending = self._pending.get(typed.id)
             if pending is not None and pending.cmd == "act" and not pending.done:
+                self.last_heard = time.monotonic()
                 _settle(pending, reply=typed)
                 return
         try:
@@ -328,6 +330,7 @@ class PolicyClient:
         rid = named if type(named) is int else None  # a bool is no id (True is not 1)
         pending = self._pending.get(rid) if rid is not None else None
         if pending is not None and not pending.done:
+            self.last_heard = time.monotonic()
             _settle(pending, reply=reply)
         else:
             self._drop(named, rid, pending)
@@ -347,6 +350,7 @@ class PolicyClient:
                 self.duplicate_replies,
             )
         elif rid is not None and (rid in self._abandoned or pending is not None):
+            self.last_heard = time.monotonic()  # slow, but it is the worker answering us
             self.late_replies += 1
             self._dropped(
                 "late",

@@ -20,6 +20,7 @@ import zmq
 
 from robotd import wire
 from robotd.operator.curve import set_curve_client
+from robotd.operator.requests import MAX_WAIT_S
 from robotd.runtime.bridge import lane_endpoint
 from robotd.runtime.rundir import lock_holder, pid_alive
 from robotd.runtime.view import status_dict
@@ -145,7 +146,7 @@ class ControlClient:
             "id": self._id,
             "cmd": cmd,
             "args": args or {},
-            "wait_s": self.timeout_s,
+            "wait_s": min(self.timeout_s, MAX_WAIT_S),  # a longer wait is as good as this
         }
         if self.endpoint.startswith("ipc://"):  # same machine, same clock: see Request.sent_ns
             msg["sent_ns"] = time.monotonic_ns()

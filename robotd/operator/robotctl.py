@@ -349,7 +349,10 @@ def _run(args: argparse.Namespace, out: Output) -> int:
         )
     except Unreachable as exc:
         said = str(exc)
-        if exc.sent and args.command in UNDO_ESTOP:  # refused once past our wait: expired
+        # refused once past our wait (expired); over tcp the daemon counts the wait from when
+        # it read the request, so a main process stopped meanwhile may still carry it out
+        local = target.control.startswith("ipc://")
+        if exc.sent and local and args.command in UNDO_ESTOP:
             said += (
                 f"; the {args.command} is not carried out if it reaches the control lane "
                 "from now on, but may have just now: check robotctl status"

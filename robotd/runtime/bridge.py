@@ -166,6 +166,9 @@ class LaneBridge:
         e-stops by it. `expires_ns`: when its client stops waiting (0: never), past which
         the lane refuses a command that would move the robot again."""
         sent_ns = sent_ns or time.monotonic_ns()
+        # past our own wait the operator is answered `timeout`: the command must not act later
+        ours = time.monotonic_ns() + round(timeout_s * 1e9)
+        expires_ns = min(expires_ns, ours) if expires_ns else ours
         if cmd == "estop":
             return await self.estop(reason, timeout_s=timeout_s, sent_ns=sent_ns)
         if len(self._pending) >= MAX_PENDING:

@@ -37,7 +37,7 @@ from robotd.runtime.options import Options
 from robotd.runtime.procutil import setup_logging, stop_on_signal
 from robotd.runtime.recorder import Recorder, open_recorder
 from robotd.runtime.routes import Routes
-from robotd.runtime.rundir import PID_FILE, lock_run_dir, remove_socket_file
+from robotd.runtime.rundir import PID_FILE, disown_run_dir, lock_run_dir, remove_socket_file
 from robotd.runtime.rundir_watch import SocketWatch, watch_sockets
 from robotd.runtime.summary import RunSummary
 from robotd.runtime.supervisor import Supervisor
@@ -164,6 +164,9 @@ class Daemon:
             log.error("the control lane did not start ticking within %g s", READY_TIMEOUT_S)
             self.exit_code = 1
             return
+        # watched from now: a lane.sock removed while a policy loads for minutes is noticed
+        watch = SocketWatch(_files([b.estop_ep]), held={self.dir / PID_FILE: self._lock})
+        tg.start_soon(watch_sockets, watch, self._sockets_lost)
         wait = self._worker_wait()
         self._waiting = f"waiting up to {wait['wait_s']:g} s for {wait['source']} to answer hello"
         # READY once the loop ticks: the robot is held safely and lane.sock takes the e-stop;
@@ -200,10 +203,7 @@ class Daemon:
             self.view, b, self.cfg, self.dir, self.ctx, self.session, on_command
         )
         await operator.start(tg)
-        ends = [operator.control_ep, operator.telemetry_ep, b.estop_ep]
-        files = [Path(e.removeprefix("ipc://")) for e in ends if e.startswith("ipc://")]
-        watch = SocketWatch(files, held={self.dir / PID_FILE: self._lock})
-        tg.start_soon(watch_sockets, watch, self._sockets_lost)
+        watch.add(_files([operator.control_ep, operator.telemetry_ep]))
         if self.opts.status:
             tg.start_soon(StatusLine(self.view).run)
         self._waiting = ""
@@ -217,6 +217,7 @@ class Daemon:
         the robot is e-stopped here (the lane is still connected) and the daemon stops, once
         torque is off, for a restart that makes them again, latched."""
         what = ", ".join(lost)
+        disown_run_dir()  # what is there now may be a second daemon's: leave it at the end
         means = (
             "operators can no longer reach this daemon (robotctl, robotctl estop through "
             "lane.sock)" if any(".sock" in x for x in lost)
@@ -309,6 +310,11 @@ class Daemon:
             remove_socket_file(Path(ep.removeprefix("ipc://")))
         if self.shared is not None:
             self.shared.unlink()
+
+
+def _files(endpoints: list[str]) -> list[Path]:
+    """The socket files of the ipc endpoints among `endpoints`."""
+    return [Path(e.removeprefix("ipc://")) for e in endpoints if e.startswith("ipc://")]
 
 
 async def first_frames(rings: Mapping[str, FrameRing], timeout_s: float) -> None:

@@ -221,10 +221,24 @@ def lock_holder(path: Path) -> int | None:
     return None
 
 
+_disowned = False  # the run directory is no longer this daemon's (lost or replaced)
+
+
+def disown_run_dir() -> None:
+    """The run directory was removed or replaced under this daemon: its socket files now may
+    be another daemon's (same names), so none is removed at the end."""
+    global _disowned
+    _disowned = True
+
+
 def remove_socket_file(path: Path) -> None:
     """Remove a socket file this run made, at its end. A directory that refuses (remounted
     read-only) leaves it behind, said rather than raised: the rest of the shutdown goes on
-    (a later start binds over a stale socket file)."""
+    (a later start binds over a stale socket file). Nothing is removed once the directory
+    is disowned (disown_run_dir)."""
+    if _disowned:
+        log.info("%s left as it is: the run directory is no longer this daemon's", path)
+        return
     try:
         path.unlink(missing_ok=True)
     except OSError as exc:

@@ -28,16 +28,25 @@ def _ident(path: Path) -> tuple[int, int] | None:
     return (st.st_dev, st.st_ino)
 
 
+_MISSING = (-1, -1)  # a file already gone when it was to be watched: lost at the first look
+
+
 class SocketWatch:
-    """The files as they were when taken (`paths`: sockets bound by now, the pid file)."""
+    """The files as they were when taken (`paths`: sockets bound by now, the pid file); more
+    are added as they are bound (`add`). One already missing when taken counts as lost."""
 
     def __init__(self, paths: list[Path], held: dict[Path, int] | None = None) -> None:
         """`held`: files known by a descriptor held open (the locked pid file), judged
         against that file itself, however long ago it was opened."""
-        self.known = [(p, ident) for p in paths if (ident := _ident(p)) is not None]
+        self.known: list[tuple[Path, tuple[int, int]]] = []
+        self.add(paths)
         for path, fd in (held or {}).items():
             st = os.fstat(fd)
             self.known.append((path, (st.st_dev, st.st_ino)))
+
+    def add(self, paths: list[Path]) -> None:
+        """Watch `paths` too, as they are now (just bound)."""
+        self.known += [(p, _ident(p) or _MISSING) for p in paths]
 
     def lost(self) -> list[str]:
         """'control.sock (gone)', 'lane.sock (replaced)': each no longer the file taken."""
