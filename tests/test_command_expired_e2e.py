@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import signal
+from pathlib import Path
 
 import pytest
 
@@ -44,6 +45,37 @@ def test_a_start_its_client_gave_up_on_does_not_start(tmp_path) -> None:
         assert c.request("status")["result"]["state"] == "IDLE"
         # one sent now, and waited for, does start
         assert c.request("start")["result"]["state"] == "RUNNING"
+    finally:
+        c.close()
+    d.signal(signal.SIGTERM)
+    assert d.wait_exit() == 0, "".join(d.log[-30:])
+
+
+def _lane_pid(d: Daemon) -> int:
+    pid = d.proc.pid
+    for child in Path(f"/proc/{pid}/task/{pid}/children").read_text().split():
+        if "robotd.control.process" in Path(f"/proc/{child}/cmdline").read_bytes().decode():
+            return int(child)
+    raise AssertionError(f"no control lane child of {pid}")
+
+
+def test_a_start_the_daemon_answered_timeout_does_not_start_later(tmp_path) -> None:
+    """The client waits 15 s, the daemon only 5 for its lane (then answers `timeout`): the
+    start expires with the daemon's answer, not with the client's longer wait."""
+    d = Daemon(tmp_path, "--set", 'robot.start="idle"')
+    d.wait_line(r"operator socket", DEADLINE_S * 2)
+    c = ControlClient(d.control_endpoint, timeout_s=15)
+    lane = _lane_pid(d)
+    try:
+        os.kill(lane, signal.SIGSTOP)
+        try:
+            reply = c.request("start")
+        finally:
+            os.kill(lane, signal.SIGCONT)
+        assert not reply["ok"] and reply["error"]["code"] == "timeout", reply
+        d.wait_line(r"the control lane answered the start given up on: refused \(expired: "
+                    r"start reached the control lane", DEADLINE_S)
+        assert c.request("status")["result"]["state"] == "IDLE"
     finally:
         c.close()
     d.signal(signal.SIGTERM)

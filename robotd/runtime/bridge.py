@@ -89,6 +89,7 @@ class LaneBridge:
         self.estop_sock.setsockopt(zmq.LINGER, 0)
         self._handlers: dict[type, Callable[[Any], None]] = {}
         self._pending: dict[int, tuple[anyio.Event, list[Reply]]] = {}
+        self._given_up: dict[int, str] = {}  # commands answered `timeout`: id -> command
         self._next_id = 0
         self._estop_lock = anyio.Lock()
         self.status: Status | None = None  # the lane's latest word on its state
@@ -186,6 +187,9 @@ class LaneBridge:
             with anyio.fail_after(timeout_s):
                 await done.wait()
         except TimeoutError:
+            self._given_up[rid] = cmd  # its answer, if it comes, is logged: what became of it
+            while len(self._given_up) > MAX_PENDING:
+                del self._given_up[next(iter(self._given_up))]
             raise TimeoutError(
                 f"the control lane did not answer {cmd!r} within {timeout_s} s"
             ) from None
@@ -340,6 +344,9 @@ class LaneBridge:
             if waiting is not None:
                 waiting[1].append(msg)
                 waiting[0].set()
+            elif msg.id is not None and (cmd := self._given_up.pop(msg.id, None)):
+                done = "carried out" if msg.ok else f"refused ({msg.code}: {msg.message})"
+                log.warning("the control lane answered the %s given up on: %s", cmd, done)
             return
         if isinstance(msg, Status):
             self._said(msg)
