@@ -133,6 +133,7 @@ class JointCounters:
     checksum: int = 0  # a reply whose checksum or CRC did not match
     error_bits: int = 0  # a reply whose status/error byte flagged a problem
     retries: int = 0  # transactions repeated within the tick
+    watchdog_trips: int = 0  # the servo stopped itself (bus quiet too long), re-armed
 
 
 @dataclass(slots=True)
@@ -152,6 +153,7 @@ class DriverStats:
                     ("checksum", c.checksum),
                     ("error_bits", c.error_bits),
                     ("retries", c.retries),
+                    ("watchdog_trips", c.watchdog_trips),
                 )
                 if v
             }

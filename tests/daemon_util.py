@@ -150,6 +150,16 @@ def processes_mentioning(text: str) -> list[int]:
     return found
 
 
+def lane_pid(daemon: Daemon) -> int:
+    """The daemon's control lane process (its command line carries the run dir)."""
+    (pid,) = [
+        p
+        for p in processes_mentioning(str(daemon.dir))
+        if b"robotd.control.process" in Path(f"/proc/{p}/cmdline").read_bytes()
+    ]
+    return pid
+
+
 def wait_until(cond, timeout: float, what: str) -> None:
     """Poll a condition that has no event to wait on (process exit seen through /proc)."""
     deadline = time.monotonic() + timeout
@@ -163,4 +173,4 @@ def shm_of(pid: int) -> list[Path]:
     return list(Path("/dev/shm").glob(f"robotd-{pid}-*"))
 
 
-__all__ = ["Daemon", "processes_mentioning", "shm_of", "signal", "wait_until"]
+__all__ = ["Daemon", "lane_pid", "processes_mentioning", "shm_of", "signal", "wait_until"]

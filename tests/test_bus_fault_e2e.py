@@ -13,6 +13,8 @@ cameras on their test pattern)."""
 
 from __future__ import annotations
 
+import os
+import signal
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -22,6 +24,7 @@ from pathlib import Path
 import pytest
 
 from drivers.dynamixel import packet as dxl_packet
+from drivers.dynamixel import table as dxl_table
 from drivers.emulators.bus import Emulator
 from drivers.feetech import packet as sts_packet
 from drivers.servo.calibration import save_calibration
@@ -29,7 +32,7 @@ from drivers.servo.frames import Frame
 from robotd.config import load_config
 from robotd.operator.client import ControlClient
 from robotd.runtime.emulate import emulated_calibration
-from tests.daemon_util import REPO, Daemon
+from tests.daemon_util import REPO, Daemon, lane_pid
 
 ARMS = {"so101": "feetech", "koch": "dynamixel"}
 SYNC_WRITE = {"feetech": sts_packet.SYNC_WRITE, "dynamixel": dxl_packet.SYNC_WRITE}
@@ -167,3 +170,29 @@ def test_a_servo_that_fails_for_good_faults_the_running_robot_which_holds(rig, k
     wait_status(rig, lambda s: not s["fault"]["active"])
     start_moving(rig)
     assert rig.daemon.proc.poll() is None
+
+
+@pytest.mark.parametrize("rig", ["koch"], indirect=True)
+def test_a_stalled_control_lane_leaves_the_servos_stopped_and_re_arms_them_after(rig):
+    """The control process stops for longer than the Bus Watchdog (300 ms here): every
+    Dynamixel stops by itself and ignores goals. Once the lane runs again its driver
+    re-arms them (a warning says so) and its goals move the arm again."""
+    start_moving(rig)
+    lane = lane_pid(rig.daemon)
+    os.kill(lane, signal.SIGSTOP)
+    try:
+        time.sleep(1.0)  # the stall under test (no packet for 1 s), not a wait
+    finally:
+        os.kill(lane, signal.SIGCONT)
+    line = rig.daemon.wait_line(r"driver_warning .*had stopped by themselves", timeout=30)
+    assert "Bus Watchdog tripped" in line and "Re-armed" in line, line
+    with rig.emu.lock:
+        assert {s.table[dxl_table.BUS_WATCHDOG] for s in rig.emu.servos.values()} == {15}
+    n = rig.goals.count()  # every tick a new target, taken by the servos again
+    deadline = time.monotonic() + 60
+    while len(set(rig.goals.wait(n + 10)[n:])) < 3:
+        n += 10
+        assert time.monotonic() < deadline, ("the arm does not move", ok(rig, "status"))
+    trips = ok(rig, "stats")["driver"]
+    assert len(trips) == len(rig.emu.servos), trips
+    assert all(trips[j]["watchdog_trips"] >= 1 for j in trips), trips

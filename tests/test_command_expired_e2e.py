@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import os
 import signal
-from pathlib import Path
 
 import pytest
 
@@ -17,7 +16,7 @@ from robotd.control.gate import undo_allowed
 from robotd.operator.client import ControlClient, Unreachable
 from robotd.operator.requests import RequestError, expires_ns, parse_request
 from robotd.wire import packb
-from tests.daemon_util import Daemon
+from tests.daemon_util import Daemon, lane_pid
 
 DEADLINE_S = 30.0  # generous: a loaded 2-core machine
 
@@ -51,21 +50,13 @@ def test_a_start_its_client_gave_up_on_does_not_start(tmp_path) -> None:
     assert d.wait_exit() == 0, "".join(d.log[-30:])
 
 
-def _lane_pid(d: Daemon) -> int:
-    pid = d.proc.pid
-    for child in Path(f"/proc/{pid}/task/{pid}/children").read_text().split():
-        if "robotd.control.process" in Path(f"/proc/{child}/cmdline").read_bytes().decode():
-            return int(child)
-    raise AssertionError(f"no control lane child of {pid}")
-
-
 def test_a_start_the_daemon_answered_timeout_does_not_start_later(tmp_path) -> None:
     """The client waits 15 s, the daemon only 5 for its lane (then answers `timeout`): the
     start expires with the daemon's answer, not with the client's longer wait."""
     d = Daemon(tmp_path, "--set", 'robot.start="idle"')
     d.wait_line(r"operator socket", DEADLINE_S * 2)
     c = ControlClient(d.control_endpoint, timeout_s=15)
-    lane = _lane_pid(d)
+    lane = lane_pid(d)
     try:
         os.kill(lane, signal.SIGSTOP)
         try:
@@ -73,8 +64,11 @@ def test_a_start_the_daemon_answered_timeout_does_not_start_later(tmp_path) -> N
         finally:
             os.kill(lane, signal.SIGCONT)
         assert not reply["ok"] and reply["error"]["code"] == "timeout", reply
-        d.wait_line(r"the control lane answered the start given up on: refused \(expired: "
-                    r"start reached the control lane", DEADLINE_S)
+        d.wait_line(
+            r"the control lane answered the start given up on: refused \(expired: "
+            r"start reached the control lane",
+            DEADLINE_S,
+        )
         assert c.request("status")["result"]["state"] == "IDLE"
     finally:
         c.close()

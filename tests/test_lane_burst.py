@@ -9,7 +9,6 @@ import os
 import signal
 import time
 from collections import Counter
-from pathlib import Path
 
 import pytest
 import zmq
@@ -17,7 +16,7 @@ import zmq
 from robotd import wire
 from robotd.operator.client import ControlClient
 from robotd.runtime.bridge import MAX_PENDING
-from tests.daemon_util import Daemon, processes_mentioning
+from tests.daemon_util import Daemon, lane_pid
 
 BURST = 500
 DEADLINE_S = 120.0  # generous: a loaded 2-core CI box; this bounds the test, it times nothing
@@ -87,16 +86,6 @@ def test_an_estop_is_served_through_a_burst_and_every_request_is_answered_once(r
     log = "".join(daemon.log)
     assert "Future exception was never retrieved" not in log
     assert "Traceback" not in log
-
-
-def lane_pid(daemon: Daemon) -> int:
-    """The control lane's process (its command line carries the run dir)."""
-    (pid,) = [
-        p
-        for p in processes_mentioning(str(daemon.dir))
-        if b"robotd.control.process" in Path(f"/proc/{p}/cmdline").read_bytes()
-    ]
-    return pid
 
 
 def test_commands_beyond_the_bound_are_busy_at_once_while_the_lane_answers_nothing(running):

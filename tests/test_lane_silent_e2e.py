@@ -10,13 +10,12 @@ import os
 import signal
 import time
 from collections.abc import Callable
-from pathlib import Path
 
 import pytest
 
 from robotd.operator.client import ControlClient
 from robotd.operator.robotctl import EXIT_ERROR, EXIT_OK
-from tests.daemon_util import Daemon, processes_mentioning
+from tests.daemon_util import Daemon, lane_pid
 from tests.robotctl_util import PtyWatch, robotctl
 
 DEADLINE_S = 20.0  # generous: a loaded 2-core machine
@@ -34,15 +33,6 @@ def running(tmp_path_factory):
     c.close()
     d.signal()
     assert d.wait_exit() == 0
-
-
-def _lane_pid(daemon: Daemon) -> int:
-    (pid,) = [
-        p
-        for p in processes_mentioning(str(daemon.dir))
-        if b"robotd.control.process" in Path(f"/proc/{p}/cmdline").read_bytes()
-    ]
-    return pid
 
 
 def _status_until(client: ControlClient, ok: Callable[[dict], bool], what: str) -> dict:
@@ -83,7 +73,7 @@ def test_a_stopped_main_process_is_not_called_a_silent_lane(running):
 def test_a_stopped_lane_is_shown_silent_logged_and_its_return_too(running):
     daemon, client = running
     assert client.request("status")["result"]["lane_silent"] is False
-    lane = _lane_pid(daemon)
+    lane = lane_pid(daemon)
     w = PtyWatch("--endpoint", daemon.control_endpoint)
     try:
         w.read_until(r"RUNNING")

@@ -13,16 +13,9 @@ from robotd.operator.robotctl import ControlClient
 from robotd.trace.reader import read_all
 from robotd.trace.replay import replay
 from robotd.trace.schemas import EPISODE_END, EVENTS
-from tests.daemon_util import Daemon, processes_mentioning, wait_until
+from tests.daemon_util import Daemon, lane_pid, wait_until
 
 CAUSE = "the control lane is gone: killed by SIGKILL"
-
-
-def _lane_pid(d: Daemon) -> int:
-    mine = [p for p in processes_mentioning("robotd.control.process")
-            if str(d.dir) in Path(f"/proc/{p}/cmdline").read_text(errors="replace")]
-    assert len(mine) == 1, mine
-    return mine[0]
 
 
 def _running(c: ControlClient) -> bool:
@@ -38,7 +31,7 @@ def test_an_episode_cut_by_a_killed_control_lane_ends_lane_lost(tmp_path: Path) 
         wait_until(lambda: _running(c), 30, "an episode 10 steps in")
     finally:
         c.close()
-    os.kill(_lane_pid(d), signal.SIGKILL)
+    os.kill(lane_pid(d), signal.SIGKILL)
     d.wait_line(r"control killed by SIGKILL after [\d.]+ s: the control lane is gone")
     assert d.wait_exit() == 1
     (run,) = [p for p in d.traces.iterdir() if p.is_dir()]

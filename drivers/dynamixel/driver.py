@@ -3,19 +3,22 @@
 At open, with torque off, each servo is put in the state robotd drives it in: operating
 mode, return delay, drive mode (direction) and homing offset from the calibration, its Bus
 Watchdog cleared. Once torque is on the Bus Watchdog (98) is armed, so that a servo that
-hears nothing for `watchdog_ms` stops by itself: if the daemon dies, the arm stops.
+hears nothing for `watchdog_ms` stops by itself: if the daemon dies, the arm stops; one
+that stopped while the daemon lives is re-armed (drivers.dynamixel.watchdog).
 """
 
 from __future__ import annotations
 
 import struct
+from collections.abc import Sequence
 from typing import ClassVar, Literal
 
 import pydantic
 
-from drivers.base import exact_kind
+from drivers.base import DriverContext, JointState, exact_kind
 from drivers.dynamixel import table as t
 from drivers.dynamixel.codec import DynamixelCodec
+from drivers.dynamixel.watchdog import BusWatchdog
 from drivers.servo.bus import Reply, ServoBus
 from drivers.servo.calibration import Calibration
 from drivers.servo.joints import ServoJoints
@@ -57,6 +60,21 @@ class DynamixelJoints(ServoJoints):
     goal_register = (t.GOAL_POSITION, 4)
     torque_register = t.TORQUE_ENABLE
     velocity_unit = t.VELOCITY_UNIT_RAD_S
+
+    def __init__(self, names: Sequence[str], options: ServoOptions, context: DriverContext) -> None:
+        super().__init__(names, options, context)
+        self.watchdog = BusWatchdog(
+            self.ids,
+            self.names,
+            [self._stats.joints[n] for n in self.names],
+            self.options.watchdog_ms // t.WATCHDOG_UNIT_MS,
+            context.warn,
+        )
+
+    def read(self) -> JointState:
+        state = super().read()
+        self.watchdog.heard(self._bus())
+        return state
 
     def codec(self) -> DynamixelCodec:
         return DynamixelCodec()
@@ -115,10 +133,7 @@ class DynamixelJoints(ServoJoints):
         return text
 
     def after_torque(self, bus: ServoBus, on: bool) -> None:
-        units = self.options.watchdog_ms // t.WATCHDOG_UNIT_MS
-        if not units:
-            return
-        for ident in self.ids:
-            bus.write(ident, t.BUS_WATCHDOG, b"\x00")  # clears a tripped watchdog
-            if on:
-                bus.write(ident, t.BUS_WATCHDOG, bytes((units,)))
+        if on:
+            self.watchdog.arm(bus)
+        else:
+            self.watchdog.disarm(bus)

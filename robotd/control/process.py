@@ -98,13 +98,15 @@ class ControlLane:
         self.outbox: list[Any] = []
         self.kernel = Kernel(self.cfg, run_id=spec.run_id, emit=self.outbox.append)
         self.warnings_at_start: list[str] = []  # the driver's warnings at open among them
+        self._first = True  # no tick yet (Ready not sent)
+        self._warn_log = RateLimiter(200_000_000)  # a driver's warnings once ticking: 5 a second
         self.driver = open_joint_driver(
             self.cfg,
             DriverContext(
                 clock=clock,
                 shm_prefix=spec.shm_prefix,
                 config_dir=Path(spec.config_dir) if spec.config_dir else None,
-                warn=self.warnings_at_start.append,
+                warn=self._driver_warned,
             ),
         )
         # The lane reads only each ring's index (the newest frame's reference), never pixels.
@@ -129,7 +131,6 @@ class ControlLane:
         self._error_log = RateLimiter(200_000_000)  # at most 5 error events a second
         self._bad_log = RateLimiter(1_000_000_000)
         self._overruns = OverrunLog()
-        self._first = True
         self.spec = spec
         self.orphaned = threading.Event()  # set when the main process is gone (PDEATHSIG)
         self.main = MainWatch(self.kernel, self.io, c.orphan_s, c.main_silent_s, self.stop)
@@ -231,6 +232,16 @@ class ControlLane:
             self.driver.stats().to_wire(),
             k.status(),
         )
+
+    def _driver_warned(self, text: str) -> None:
+        """A driver's warning: said with Ready before the first tick, as an event after
+        (a servo that stopped by itself, a condition it reports), never kept."""
+        if self._first:
+            if len(self.warnings_at_start) < 100:
+                self.warnings_at_start.append(text[:300])
+        elif self._warn_log.allow(self.clock()):
+            detail = {"warning": text[:300]}
+            self.outbox.append(Event("driver_warning", self.kernel.counters.ticks, detail))
 
     def _driver_error(self, op: str, exc: BaseException) -> None:
         if op == "kernel":

@@ -21,6 +21,7 @@ WARNINGS = frozenset(
     {
         "fault",
         "driver_error",
+        "driver_warning",
         "overrun",
         "bad_message",
         "lane_refused",
