@@ -359,3 +359,38 @@ def test_a_late_reply_to_an_earlier_transaction_is_not_taken_for_this_one():
         t.join(5)
         transport.close()
         pty.close()
+
+
+def test_a_late_reply_of_another_length_is_not_taken_for_a_sync_read():
+    """A Bus Watchdog check (one byte) answered late, during the next tick's state read."""
+    import os
+    import threading
+
+    from drivers.dynamixel import packet as dxp
+    from drivers.dynamixel.codec import DynamixelCodec
+    from drivers.servo.bus import ServoBus
+    from drivers.servo.transport import SerialTransport
+    from tests.servo_util import RawPty
+
+    pty = RawPty()
+    transport = SerialTransport(pty.path, 1_000_000)
+    transport.open()
+    bus = ServoBus(DynamixelCodec(), transport, slack_s=5.0, return_delay_s=0)
+    address, length = dxt.STATE_BLOCK
+    request = dxp.sync_read(address, length, [1], fast=False)
+    state = bytes(range(length))
+
+    def servo() -> None:
+        assert pty.take(len(request)) == request
+        late, own = dxp.status_packet(1, 0, b"\xff"), dxp.status_packet(1, 0, state)
+        os.write(pty.master, late + own)
+
+    t = threading.Thread(target=servo)
+    t.start()
+    try:
+        out = bus.sync_read(address, length, [1])
+        assert out.replies[1].data == state
+    finally:
+        t.join(5)
+        transport.close()
+        pty.close()

@@ -175,6 +175,7 @@ class ServoBus:
             ids,
             c.reply_bytes(length, len(ids), fast),
             not_after_ns,
+            data_length=length,  # a late reply to another read (another length) is not ours
         )
 
     def sync_write(self, address: int, length: int, items: Iterable[tuple[int, bytes]]) -> None:
