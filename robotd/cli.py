@@ -224,7 +224,7 @@ def _check(args: argparse.Namespace, loaded: Loaded) -> int:
 def _load_checked(args: argparse.Namespace) -> Loaded:
     """The config (with what its load knew), with what start-up needs before anything
     moves: tcp endpoints only with usable CURVE keys."""
-    from robotd.operator.server import check_operator
+    from robotd.operator.endpoints import check_operator
 
     loaded = load(args.config, args.overrides)
     check_operator(loaded.config, str(args.config))
