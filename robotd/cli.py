@@ -14,7 +14,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from robotd.config import DEFAULT_CONFIG, Config, Loaded, _parse_value, load
-from robotd.config.sections import HANG_MIN_S, hang_floor_problem
+from robotd.config.policy import HANG_MIN_S, hang_floor_problem
 from robotd.errors import ConfigError
 from robotd.pipes import reader_gone
 
