@@ -14,7 +14,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from robotd.config import DEFAULT_CONFIG, Config, Loaded, _parse_value, load
-from robotd.config.sections import HANG_MIN_S, hang_floor_problem
+from robotd.config.policy import HANG_MIN_S, hang_floor_problem
 from robotd.errors import ConfigError
 from robotd.pipes import reader_gone
 
@@ -224,7 +224,7 @@ def _check(args: argparse.Namespace, loaded: Loaded) -> int:
 def _load_checked(args: argparse.Namespace) -> Loaded:
     """The config (with what its load knew), with what start-up needs before anything
     moves: tcp endpoints only with usable CURVE keys."""
-    from robotd.operator.server import check_operator
+    from robotd.operator.endpoints import check_operator
 
     loaded = load(args.config, args.overrides)
     check_operator(loaded.config, str(args.config))

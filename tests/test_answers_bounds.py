@@ -37,7 +37,7 @@ POLICIES = "test_answers_policies"
 def test_the_worker_bounds_are_the_robot_sides_ceilings() -> None:
     """The worker refuses only what no robotd daemon could play: its bounds are the lane's,
     and policy.max_chunk_rows cannot be set above them."""
-    from robotd.config.sections import PolicyConfig
+    from robotd.config.policy import PolicyConfig
 
     assert (MAX_ANSWER_ROWS, MAX_ANSWER_COLUMNS) == (MAX_ROWS, MAX_JOINTS)
     ceiling = [

@@ -15,7 +15,7 @@ import pytest
 from pydantic import BaseModel
 
 from robotd.config import Config, load_config
-from robotd.config.sections import HANG_MIN_S
+from robotd.config.policy import HANG_MIN_S
 from tests.config_util import SIM, error, write
 from tests.lines_util import at
 

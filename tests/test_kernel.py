@@ -10,7 +10,8 @@ import pytest
 from drivers.base import JointState
 from robotd.config import load_config
 from robotd.control.episode import CommandRefused
-from robotd.control.kernel import Chunk, Kernel
+from robotd.control.kernel import Kernel
+from robotd.control.playback import Chunk
 from tests.lane_util import plain
 
 DT_NS = 33_333_333

@@ -8,7 +8,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from robotd.control.kernel import Chunk
+from robotd.control.playback import Chunk
 from tests.test_kernel import Rig, started
 
 TIMINGS = ['control.timing="sync"', 'control.timing="realtime"']

@@ -12,7 +12,8 @@ import signal
 from pathlib import Path
 
 from robotd.operator.client import ControlClient
-from robotd.operator.robotctl import EXIT_OK, EXIT_UNREACHABLE, estop_reason
+from robotd.operator.robotctl import EXIT_OK, EXIT_UNREACHABLE
+from robotd.operator.robotctl_args import estop_reason
 from tests.daemon_util import Daemon
 from tests.robotctl_util import PtyWatch, client, latched_daemon, robotctl
 

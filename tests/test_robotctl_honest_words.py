@@ -14,7 +14,7 @@ import pytest
 import zmq
 
 from robotd import wire
-from robotd.operator import humane, robotctl
+from robotd.operator import humane, robotctl, robotctl_args, robotctl_estop
 from robotd.operator.client import Unreachable
 from robotd.operator.locate import Target
 from robotd.operator.requests import MAX_TEXT, parse_request
@@ -48,11 +48,11 @@ def silent(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
 
 @pytest.mark.parametrize("reason", ["\udcff stop now", "x" * 201, "\udcfe" * 5000])
 def test_any_estop_reason_is_made_sendable_within_the_limit(reason: str) -> None:
-    clean = robotctl.estop_reason(reason)
+    clean = robotctl_args.estop_reason(reason)
     assert len(clean) <= MAX_TEXT["reason"] and "\udcff" not in clean
     frame = wire.packb({"id": 1, "cmd": "estop", "args": {"reason": clean}})
     assert parse_request(frame).args == {"reason": clean}  # the daemon takes it as it is
-    assert robotctl.estop_reason("\udcff stop now") == "\ufffd stop now"
+    assert robotctl_args.estop_reason("\udcff stop now") == "\ufffd stop now"
 
 
 def test_the_estop_sends_a_clean_reason_on_both_paths(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -67,10 +67,10 @@ def test_the_estop_sends_a_clean_reason_on_both_paths(monkeypatch: pytest.Monkey
         sent.append(("lane", reason))
         return {"state": "FAULT", "via": "lane.sock"}
 
-    monkeypatch.setattr(robotctl, "request_once", main_process)
-    monkeypatch.setattr(robotctl, "estop_via_lane", lane)
+    monkeypatch.setattr(robotctl_estop, "request_once", main_process)
+    monkeypatch.setattr(robotctl_estop, "estop_via_lane", lane)
     target = Target("ipc:///nowhere/control.sock", "ipc:///nowhere/telemetry.sock")
-    status, _ = robotctl.estop(target, "\udcff" + "y" * 300, 1.0)
+    status, _ = robotctl_estop.estop(target, "\udcff" + "y" * 300, 1.0)
     assert status == "ok"
     assert [path for path, _ in sent] == ["main", "lane"]
     for _, reason in sent:

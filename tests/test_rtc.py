@@ -15,7 +15,8 @@ from hypothesis import strategies as st
 from robotd.config import load_config
 from robotd.contract import MAX_RTC_ROWS, Actions
 from robotd.control.delay import DelayPredictor
-from robotd.control.kernel import Chunk, Kernel
+from robotd.control.kernel import Kernel
+from robotd.control.playback import Chunk
 from robotd.control.queue import ActionQueue, QueueConfig
 from robotd.lane.messages import Merged, Rows, Rtc
 from robotd.link.rtc import RtcRefused, rtc_request

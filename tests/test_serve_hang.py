@@ -7,7 +7,7 @@ import pytest
 
 from robotd.cli import main
 from robotd.config import load_config
-from robotd.config.sections import HANG_MAX_S, HANG_MIN_S
+from robotd.config.policy import HANG_MAX_S, HANG_MIN_S
 from robotd.errors import ConfigError
 from tests.copy_util import Worker
 

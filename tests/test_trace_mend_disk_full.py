@@ -19,8 +19,8 @@ from pathlib import Path
 import pytest
 from trace_util import CONFIG, tick
 
+import robotd.trace.openfiles as openfiles_mod
 import robotd.trace.pending as pending_mod
-import robotd.trace.writer as writer_mod
 from robotd.operator.robotctl import ControlClient
 from robotd.trace.reader import read_all
 from robotd.trace.rundir import RESERVE
@@ -73,7 +73,7 @@ def _ticks(ep, start: int, n: int) -> None:
 
 
 def test_the_store_keeps_the_end_and_reopens_the_session(disk, monkeypatch, caplog):
-    for mod in (writer_mod, pending_mod):  # retry at the next chance, not a second later
+    for mod in (openfiles_mod, pending_mod):  # retry at the next chance, not a second later
         monkeypatch.setattr(mod, "RETRY_S", 0.0)
     caplog.set_level(logging.WARNING, logger="robotd.trace")
     store = TraceStore(disk / "runs", 1 << 30, CONFIG, fsync=False)

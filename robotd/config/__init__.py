@@ -1,6 +1,7 @@
-"""One TOML file per robot, validated into typed models (sections.py, model.py) and read
-with its overrides (load.py). Driver options are validated by the driver's own `Options`
-model, so a typo in `[joints.options]` is caught at start-up and not at the first tick."""
+"""One TOML file per robot, validated into typed models (sections.py, policy.py, model.py)
+and read with its overrides (load.py). Driver options are validated by the driver's own
+`Options` model, so a typo in `[joints.options]` is caught at start-up and not at the
+first tick."""
 
 from robotd.config.load import (
     DEFAULT_CONFIG,
@@ -16,12 +17,11 @@ from robotd.config.load import (
     runtime_dir,
 )
 from robotd.config.model import Config
+from robotd.config.policy import OpenpiConfig, PolicyConfig
 from robotd.config.sections import (
     CameraConfig,
     ControlConfig,
     JointsConfig,
-    OpenpiConfig,
-    PolicyConfig,
     RobotConfig,
     RuntimeConfig,
     SafetyConfig,

@@ -1,5 +1,5 @@
-"""A robot's whole config: its sections (robotd.config.sections) and the rules that span
-them, checked at load."""
+"""A robot's whole config: its sections (robotd.config.sections, robotd.config.policy) and
+the rules that span them, checked at load."""
 
 from __future__ import annotations
 
@@ -9,18 +9,17 @@ from collections.abc import Callable
 
 from pydantic import model_validator
 
+from robotd.config.fields import ConfigModel
+from robotd.config.policy import HANG_MIN_S, PolicyConfig
 from robotd.config.problems import Problem, led, raise_any
 from robotd.config.sections import (
-    HANG_MIN_S,
     MAX_AGE_MS,
     CameraConfig,
     ControlConfig,
     JointsConfig,
-    PolicyConfig,
     RobotConfig,
     RuntimeConfig,
     SafetyConfig,
-    _Model,
 )
 from robotd.trace.options import TraceOptions
 
@@ -52,7 +51,7 @@ def _ms(value: float) -> str:
     return f"{value:.1f}".removesuffix(".0")
 
 
-class Config(_Model):
+class Config(ConfigModel):
     robot: RobotConfig = RobotConfig()
     control: ControlConfig = ControlConfig()
     joints: JointsConfig

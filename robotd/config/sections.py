@@ -1,63 +1,26 @@
 """The sections of a robot's config file, one model each: robot, control, joints, safety,
-cameras, policy, runtime (the trace section's model is robotd.trace.options)."""
+cameras, runtime. The policy section's model is robotd.config.policy, the trace section's
+robotd.trace.options; what the models are built of (the base model, the shared field types)
+is robotd.config.fields."""
 
 from __future__ import annotations
 
 import math
 import os
-import re
-from typing import Annotated, Any, Literal
+from typing import Any, Literal
 
-from pydantic import (
-    AfterValidator,
-    BaseModel,
-    ConfigDict,
-    Field,
-    ValidationInfo,
-    field_validator,
-    model_validator,
-)
+from pydantic import Field, ValidationInfo, field_validator, model_validator
 
 from drivers.base import exact_kind
+from robotd.config.fields import (
+    ConfigModel,
+    FiniteFloat,
+    Name,
+    SafetyLimit,
+    known_driver,
+    no_duplicates,
+)
 from robotd.config.problems import Problem, raise_any
-from robotd.link.openpi.options import OpenpiOptions
-from robotd.stream.endpoint import worker_problem
-
-PositiveFloat = Annotated[float, Field(gt=0)]
-# A safety limit: NaN would make every comparison false (and the shield's clamp emit NaN),
-# inf no limit at all, zero or less a robot that cannot move.
-FiniteFloat = Annotated[float, Field(allow_inf_nan=False)]
-SafetyLimit = Annotated[float, Field(gt=0, allow_inf_nan=False)]
-
-
-class _Model(BaseModel):
-    # every float finite: NaN fails every bound silently, infinity overflows what is derived
-    # from it (the loader also names both itself: config.overrides). The loader validates
-    # strictly (a TOML bool is no number, a string no bool; an int is taken for a float), so
-    # a field's type must be one TOML spells directly: no tuple, Path or Enum, which strict
-    # validation refuses from a TOML array or string (tests/test_config_strict.py checks).
-    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
-
-
-def _name(value: str) -> str:
-    """A name used as a key (a joint's, in observations, traces and exports): not empty and
-    not only blanks, which no reader of those keys can tell apart or see."""
-    if not value.strip():
-        raise ValueError(f"a name must not be empty or only blanks, got {value!r}")
-    return value
-
-
-Name = Annotated[str, AfterValidator(_name)]
-
-
-def _no_duplicates(kind: str, names: list[str]) -> list[str]:
-    seen: dict[str, int] = {}
-    for i, name in enumerate(names):
-        if name in seen:
-            raise ValueError(f"duplicate {kind} {name!r} (at [{seen[name]}] and [{i}])")
-        seen[name] = i
-    return names
-
 
 # Validation context key: False when the process validating runs no camera. The control
 # lane re-validates the config the main process loaded, and a camera driver's module
@@ -65,47 +28,7 @@ def _no_duplicates(kind: str, names: list[str]) -> list[str]:
 CAMERA_DRIVERS = "camera_drivers"
 
 
-def _known_driver(kind: str, name: Any) -> Any:
-    """A driver name that names a driver (a built-in or a plugin's entry point), checked
-    with its section so that a typo is reported as such, before the rules that span
-    sections (robot.start's 'simulated robots only')."""
-    from drivers.base import DriverConfigError, driver_class
-
-    if isinstance(name, str):
-        try:
-            driver_class(kind, name)
-        except DriverConfigError as exc:
-            raise ValueError(str(exc)) from None
-    return name
-
-
-# policy.hang_s's floor, and `robotd serve --hang-s`'s: the worker kills a copy whose call
-# (an act with its reset, an end) is unanswered this long (robotd/worker/copies.py). An act
-# is a pipe round trip and the policy's forward pass: ~1 ms for the demo, ~10 ms for ACT on
-# a GPU, 100 ms and more for a large model. Below this floor even small policies' copies,
-# merely computing, would be killed at every hiccup; above it, what a heavy policy needs is
-# the config's (or the command line's) to say.
-HANG_MIN_S = 0.1
-HANG_MAX_S = 600.0  # ten minutes: past any first act's warm-up
-
-
-def hang_floor_problem(value: float) -> str | None:
-    """The bounds' rule in words when `value` (seconds) breaks one, else None: one wording
-    for the config's policy.hang_s and the serve command's --hang-s."""
-    if value < HANG_MIN_S:
-        return (
-            f"must be >= {HANG_MIN_S:g} s, got {value!r}: shorter, a copy still computing an "
-            "ordinary act would be killed as hung"
-        )
-    if value > HANG_MAX_S:
-        return f"must be <= {HANG_MAX_S:g} s, got {value!r}: a copy silent that long is hung"
-    return None
-
-_DOTTED = r"[A-Za-z_]\w*(\.[A-Za-z_]\w*)*"
-POLICY_SPEC = re.compile(f"{_DOTTED}:{_DOTTED}")
-
-
-class RobotConfig(_Model):
+class RobotConfig(ConfigModel):
     name: str = "robot"
     # latched: FAULT with the e-stop latched (every real robot); idle: no motion until
     # `start`; episode: the first episode starts by itself (simulated robots only).
@@ -119,7 +42,7 @@ MIN_HZ = 1  # control.hz
 PATIENCE_MAX_S = 600.0
 
 
-class ControlConfig(_Model):
+class ControlConfig(ConfigModel):
     hz: float = Field(30.0, gt=0, le=2000)  # and at least MIN_HZ (_hz)
     spin_us: int = Field(200, ge=0, le=5000)
     rt_priority: int = Field(80, ge=0, le=99)
@@ -192,7 +115,7 @@ class ControlConfig(_Model):
         raise ValueError(f"must be 'auto' or an integer >= 0, got {value!r:.60}")
 
 
-class JointsConfig(_Model):
+class JointsConfig(ConfigModel):
     driver: str = "sim"
     names: list[Name] = Field(min_length=1)
     grippers: list[Name] = []
@@ -203,17 +126,17 @@ class JointsConfig(_Model):
     @field_validator("driver")
     @classmethod
     def _driver(cls, value: str) -> str:
-        return _known_driver("joints", value)
+        return known_driver("joints", value)
 
     @field_validator("names")
     @classmethod
     def _unique_names(cls, value: list[str]) -> list[str]:
-        return _no_duplicates("joint name", value)
+        return no_duplicates("joint name", value)
 
     @field_validator("grippers")
     @classmethod
     def _unique_grippers(cls, value: list[str]) -> list[str]:
-        return _no_duplicates("gripper", value)
+        return no_duplicates("gripper", value)
 
     @model_validator(mode="after")
     def _consistent(self) -> JointsConfig:
@@ -239,7 +162,7 @@ class JointsConfig(_Model):
         return tuple(self.names.index(g) for g in self.grippers)
 
 
-class SafetyConfig(_Model):
+class SafetyConfig(ConfigModel):
     # out of limits by at most this → clipped (0: nothing is clipped, all rejected)
     clip_tolerance: float = Field(0.05, ge=0, allow_inf_nan=False)
     max_velocity: list[SafetyLimit] | None = None  # per joint, units/s; None = no limit
@@ -258,7 +181,7 @@ class SafetyConfig(_Model):
 MAX_AGE_MS = 10_000  # cameras.NAME.max_age_ms's bound
 
 
-class CameraConfig(_Model):
+class CameraConfig(ConfigModel):
     driver: str = "sim"
     width: int = Field(gt=0, le=8192)
     height: int = Field(gt=0, le=8192)
@@ -275,83 +198,8 @@ class CameraConfig(_Model):
     def _driver(cls, value: str, info: ValidationInfo) -> str:
         if (info.context or {}).get(CAMERA_DRIVERS) is False:
             return value  # a process that runs no camera (the control lane)
-        return _known_driver("cameras", value)
+        return known_driver("cameras", value)
 
-
-class OpenpiConfig(OpenpiOptions):
-    """[policy.openpi], used with policy.link = "openpi": the request mapping (inputs),
-    the action mapping, API key, timeouts and backoff (robotd.link.openpi.options)."""
-
-
-class PolicyConfig(_Model):
-    # robotd: robotd's own link to `robotd serve` (over its byte stream or ZeroMQ, as the
-    # endpoint says; "zmq", its name before the stream, is taken for it); openpi: an openpi
-    # websocket policy server
-    link: Literal["robotd", "openpi"] = "robotd"
-    worker: str = ""  # endpoint of a remote worker (ws://host:8000 for openpi); empty = local
-    serve: str = "robotd.demo:DotFollower"  # MODULE:CLASS for the local worker
-    args: dict[str, Any] = {}
-    # an act's answer (+ stream_wait_s for uploaded windows), whose wait the robot holds or
-    # plays out its queue through: 10 minutes is past any first act (a JIT warm-up included)
-    # and matches stream_wait_s's and hang_s's caps; more is a typo
-    timeout_s: float = Field(10.0, gt=0, le=600)
-    # at most the wait an act may ask of the worker (robotd.worker.requests.MAX_WAIT_S)
-    stream_wait_s: float = Field(10.0, gt=0, le=600)
-    # a chunk's rows, as answered and at the control rate; more is refused whole
-    max_chunk_rows: int = Field(1024, ge=1, le=4096)
-    # no answer to the worker's heartbeat this long: gone (the robot holds, reconnect)
-    heartbeat_s: float = Field(2.0, gt=0, le=60)
-    # the wait at start for the worker's first hello: a local worker's start is its policy
-    # loading (a checkpoint can take minutes on a small computer), a remote one's coming up
-    start_s: float = Field(30.0, gt=0, le=600)
-    reconnect_max_s: float = Field(5.0, gt=0, le=300)  # the reconnect backoff's cap
-    # the local worker (no policy.worker): copies of the policy in child processes (a
-    # second is a warm spare, ready at once when one is lost) and when a copy counts as hung
-    # (shorter than control.max_hold_steps / hz; unset, capped at half of it: model.py)
-    copies: int = Field(2, ge=0, le=16)
-    hang_s: float = 5.0  # HANG_MIN_S to HANG_MAX_S (_hang: the serve command's words too)
-    # uploads one episode may hold on the worker (in flight), lowered to the worker's own
-    max_episode_frames: int = Field(1024, ge=1)
-    max_episode_bytes: int = Field(64 << 20, ge=1)
-    # for servers that cannot declare their contract (openpi): validated by robotd.contract
-    observations: dict[str, Any] | None = None
-    actions: dict[str, Any] | None = None
-    openpi: OpenpiConfig = OpenpiConfig()
-
-    @field_validator("link", mode="before")
-    @classmethod
-    def _old_link_name(cls, value: Any) -> Any:
-        return "robotd" if value == "zmq" else value
-
-    @field_validator("hang_s")
-    @classmethod
-    def _hang(cls, value: float) -> float:
-        problem = hang_floor_problem(value)
-        if problem is not None:
-            raise ValueError(problem)
-        return value
-
-    @field_validator("serve")
-    @classmethod
-    def _serve(cls, value: str, info: ValidationInfo) -> str:
-        """What the local worker imports (not checked for a remote worker, which serves
-        what it was started with)."""
-        local = info.data.get("link") == "robotd" and not info.data.get("worker")
-        if local and not POLICY_SPEC.fullmatch(value):
-            raise ValueError(
-                f"{value!r} is not MODULE:CLASS (the local worker imports MODULE and serves "
-                "its CLASS, e.g. 'robotd.demo:DotFollower')"
-            )
-        return value
-
-    @model_validator(mode="after")
-    def _worker_endpoint(self) -> PolicyConfig:
-        ep = self.worker
-        if self.link != "robotd" or not ep:
-            return self
-        if (problem := worker_problem(ep)) is not None:
-            raise ValueError(f"worker: {problem}")
-        return self
 
 
 # The longest socket name robotd makes in the run directory, and the kernel's limit on
@@ -360,7 +208,7 @@ _LONGEST_SOCKET = "/worker-4194304-o.sock"
 _SUN_PATH_MAX = 107
 
 
-class RuntimeConfig(_Model):
+class RuntimeConfig(ConfigModel):
     dir: str = ""  # empty = $RUNTIME_DIRECTORY, $XDG_RUNTIME_DIR/robotd or /tmp/robotd-<uid>
     control_endpoint: str = ""  # operator socket; empty = ipc://<dir>/control.sock
     telemetry_endpoint: str = ""  # empty = ipc://<dir>/telemetry.sock
@@ -394,5 +242,3 @@ class RuntimeConfig(_Model):
                 f"({longest} > {_SUN_PATH_MAX} bytes); choose a shorter run directory"
             )
         return value
-
-

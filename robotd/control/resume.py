@@ -31,7 +31,7 @@ from robotd.lane.messages import StartState
 
 class Kernel(Protocol):
     """The parts of robotd.control.kernel.Kernel held here (named, not imported: the
-    kernel imports this module)."""
+    kernel imports this module, through robotd.control.lifecycle)."""
 
     run_id: str
     dim: int

@@ -16,6 +16,10 @@ the control lane has gone silent), 2 no daemon answered (at once when its socket
 missing or dead, after --timeout, default 1 s, otherwise), 64 a usage error, 78 a bad
 config or key file. Output is for people unless --json (one JSON object on stdout,
 errors too; for watch, JSON lines: one object per update).
+
+This module runs a parsed command and prints its outcome; the grammar, the exit codes and
+the argument checks are robotd.operator.robotctl_args', the e-stop's two paths
+robotd.operator.robotctl_estop's, the live view robotd.operator.watch's.
 """
 
 from __future__ import annotations
@@ -23,191 +27,33 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import re
 import sys
-from pathlib import Path
-from typing import Any, NoReturn
+from typing import Any
 
 from robotd.errors import ConfigError
 from robotd.lane.messages import NOT_WRITTEN, UNDO_ESTOP
 from robotd.operator import humane
-from robotd.operator.client import (
-    DEFAULT_TIMEOUT_S,
-    ControlClient,
-    Unreachable,
-    check_timeout,
-    estop_via_lane,
-    request_once,
+from robotd.operator.client import ControlClient, Unreachable, request_once
+from robotd.operator.curve import KeyFileError, key_kind, keygen
+from robotd.operator.locate import Target, default_key_file, locate_for
+from robotd.operator.robotctl_args import (
+    EXIT_CONFIG,
+    EXIT_ERROR,
+    EXIT_OK,
+    EXIT_UNREACHABLE,
+    EXIT_USAGE,
+    check_endpoint,
+    parser,
+    request_args,
 )
-from robotd.operator.curve import KINDS, KeyFileError, key_kind, keygen
-from robotd.operator.locate import (
-    Handshake,
-    Target,
-    default_key_file,
-    endpoint_problem,
-    locate_for,
-)
-from robotd.operator.requests import MAX_TEXT
+from robotd.operator.robotctl_estop import estop
 from robotd.operator.words import printable
 from robotd.pipes import reader_gone
 
-EXIT_OK, EXIT_ERROR, EXIT_UNREACHABLE, EXIT_USAGE, EXIT_CONFIG = 0, 1, 2, 64, 78
-__all__ = ["ControlClient", "estop", "main"]
+__all__ = ["ControlClient", "main"]  # ControlClient: what scripts and tests drive robotd by
 
-SIMPLE = ["status", "stop", "estop", "clear_fault", "reset_done", "stats"]
-SIMPLE_HELP = {  # what each does to the state machine (robotd/control/episode.py)
-    "status": "show the state (IDLE, RUNNING, ENDED, RESETTING, FAULT and its cause), "
-    "episode and step",
-    "stop": "end the running episode: RUNNING → ENDED (the robot holds where it is)",
-    "estop": "emergency stop: latch FAULT (cause e-stop) from any state, torque off by the "
-    "config's category; only clear_fault leaves it",
-    "clear_fault": "leave FAULT once its cause is gone: FAULT → IDLE (no motion until start)",
-    "reset_done": "the scene is reset after an episode: ENDED or RESETTING → IDLE, ready "
-    "for the next start (the robot does not move)",
-    "stats": "show the run's counters: rate, lateness, acts, holds, shield interventions",
-}
-WATCH_JSON = "JSON lines on stdout: one object per telemetry update"
-WATCH_TEXT = (
-    "The live view of the daemon's telemetry. On a terminal: a screen redrawn four times a "
-    "second; key e sends an e-stop, q quits. When stdout is not a terminal (a file, a "
-    "pipe), a line per update instead, each written at once; with --json, JSON lines: "
-    '{"ok": true, "telemetry": MESSAGE} per message, {"ok": false, "error": {code, '
-    "message}} when there is no daemon (unreachable) or updates stopped (stale)."
-)
 # Commands that change something: without a reply in time they may still be carried out.
 ACTING = frozenset({"start", "stop", "clear_fault", "reset_done", "verdict"})
-PARAMS_HINT = "say: robotctl params set KEY=VALUE"
-UNCONFIRMED = frozenset({"timeout", "busy"})  # estop answers that are no confirmation
-_UNDECODABLE = re.compile("[\ud800-\udfff]")  # argv bytes that were not UTF-8
-
-
-class UsageError(ValueError):
-    """An argument robotctl cannot send; the message names it."""
-
-
-def _seconds(text: str) -> float:
-    try:
-        return check_timeout(float(text))
-    except ValueError:
-        raise argparse.ArgumentTypeError(
-            f"{text!r} is not a number of seconds > 0 (and finite)"
-        ) from None
-
-
-def estop_reason(reason: str) -> str:
-    """Any --reason made sendable, for an e-stop must always go: bytes that were not UTF-8
-    replaced (U+FFFD), cut to the daemon's limit."""
-    clean, limit = _UNDECODABLE.sub("\ufffd", reason), MAX_TEXT["reason"]
-    return clean if len(clean) <= limit else clean[: limit - 1] + "…"
-
-
-def text_arg(where: str, text: str, limit: int | None = None) -> str:
-    """`text` as given when the daemon takes it; UsageError naming `where` otherwise."""
-    bad = _UNDECODABLE.search(text)
-    if bad is not None:
-        at = bad.start()
-        raise UsageError(f"{where}: not UTF-8 text (an undecodable byte at character {at})")
-    if limit is not None and len(text) > limit:
-        raise UsageError(f"{where} is {len(text)} characters; the daemon takes at most {limit}")
-    return text
-
-
-def check_endpoint(endpoint: str | None, where: str) -> None:
-    """UsageError when an ipc endpoint names no socket file or a tcp port is no number."""
-    if not endpoint or not endpoint.startswith(("ipc://", "tcp://")):
-        return  # none given, or no scheme robotd serves: locate says so
-    why = endpoint_problem(endpoint)
-    if why is not None:
-        raise UsageError(f"{where} {endpoint!r}: {why}")
-
-
-class _Parser(argparse.ArgumentParser):
-    def error(self, message: str) -> NoReturn:  # argparse's 2 means "unreachable" here
-        self.print_usage(sys.stderr)
-        self.exit(EXIT_USAGE, f"{self.prog}: error: {message}\n")
-
-
-def _options(p: argparse.ArgumentParser, json_help: str, *, inherit: bool) -> None:
-    """The options every daemon command takes. Given before the command they go on the
-    top parser; after it, on the command's, whose defaults are then SUPPRESSed (`inherit`)
-    so that an option given before the command is not reset by the command's default."""
-
-    def dflt(value: Any) -> Any:
-        return argparse.SUPPRESS if inherit else value
-
-    p.add_argument("--endpoint", default=dflt(None), help="control socket (default: found)")
-    p.add_argument("--telemetry", default=dflt(None), help="telemetry socket (default: beside it)")
-    p.add_argument("--config", type=Path, default=dflt(None),
-                   help="the robot's config: its runtime.dir and endpoints")  # fmt: skip
-    p.add_argument("--server-key", default=dflt(None), help="tcp: the daemon's public .key file")
-    p.add_argument("--key", default=dflt(None), help="tcp: this client's .key_secret file")
-    p.add_argument("--timeout", type=_seconds, default=dflt(DEFAULT_TIMEOUT_S),
-                   help="seconds to wait")  # fmt: skip
-    p.add_argument("--json", action="store_true", default=dflt(False), help=json_help)
-
-
-def _common(json_help: str = "one JSON object on stdout") -> argparse.ArgumentParser:
-    c = argparse.ArgumentParser(add_help=False)
-    _options(c, json_help, inherit=True)
-    return c
-
-
-def _parser() -> argparse.ArgumentParser:
-    common = _common()
-    p = _Parser(
-        prog="robotctl",
-        description="Drive a running robotd. The options below go before or after the command.",
-    )
-    _options(p, "one JSON object on stdout (watch: JSON lines)", inherit=False)
-    sub = p.add_subparsers(dest="command", required=True)
-    for name in SIMPLE:
-        s = sub.add_parser(name, parents=[common], help=SIMPLE_HELP[name])
-        if name == "estop":
-            s.add_argument("--reason", default="", help="why (logged, shown in the fault)")
-    start = sub.add_parser("start", parents=[common], help="start an episode: IDLE → RUNNING")
-    start.add_argument("--task", default="", help="the episode's task text, for the policy")
-    params = sub.add_parser("params", parents=[common], help="show (or set) parameters")
-    params.add_argument("action", nargs="?", metavar="set", help="set KEY=VALUE ...")
-    params.add_argument("assignments", nargs="*", metavar="KEY=VALUE")
-    verdict = sub.add_parser("verdict", parents=[common], help="judge the current episode")
-    v = verdict.add_mutually_exclusive_group(required=True)
-    v.add_argument("--success", action="store_true")
-    v.add_argument("--failure", action="store_true")
-    verdict.add_argument("--notes", default="")
-    verdict.add_argument("--replace", action="store_true", help="replace an earlier verdict")
-    watch = sub.add_parser(
-        "watch",
-        parents=[_common(WATCH_JSON)],
-        help="live view; e sends an e-stop, q quits",
-        description=WATCH_TEXT,
-    )
-    watch.add_argument("--seconds", type=_seconds, default=None, help="stop after this long")
-    kg = sub.add_parser("keygen", help="make a CURVE key pair (NAME.key, NAME.key_secret)")
-    kg.add_argument("--dir", type=Path, default=None, help="default: ~/.config/robotd")
-    kg.add_argument("--name", default="robotctl")
-    kg.add_argument("--kind", choices=KINDS, default=None, help="whose pair: robotctl's "
-                    "(client) or the daemon's (server); default: server when NAME says "
-                    "server (server, robot-server, server2), else client")  # fmt: skip
-    kg.add_argument("--json", action="store_true", default=argparse.SUPPRESS)
-    return p
-
-
-def _request_args(args: argparse.Namespace) -> dict[str, Any]:
-    if args.command == "start":
-        task = text_arg("start --task", args.task, MAX_TEXT["task"])
-        return {"task": task} if task else {}
-    if args.command == "verdict":
-        notes = text_arg("verdict --notes", args.notes, MAX_TEXT["notes"])
-        out: dict[str, Any] = {"success": bool(args.success), "notes": notes}
-        return {**out, "replace": True} if args.replace else out
-    if args.command == "params" and args.action is not None:
-        if args.action != "set":
-            said = "to change one" if "=" in args.action else f"unknown {args.action!r}"
-            raise UsageError(f"params: {said}, {PARAMS_HINT}")
-        for item in args.assignments:
-            text_arg(f"params set {item.partition('=')[0]!r}", item)
-        return {"set": humane.assignments(args.assignments)}
-    return {}
 
 
 class Output:
@@ -236,52 +82,6 @@ class Output:
         for line in message.splitlines():
             print(printable(f"robotctl: warning: {line}"), file=sys.stderr)
 
-
-def estop(target: Target, reason: str, timeout_s: float) -> tuple[str, Any]:
-    """The e-stop through the daemon, else straight to the control lane.
-
-    ("ok", result) once confirmed; ("error", (code, message)) when the daemon refused;
-    ("unreachable", words) when nobody confirmed it (then it never claims success, and
-    the words say what is known: humane.estop_unconfirmed). Any `reason` goes, made
-    sendable (estop_reason). A daemon that answers `timeout` or `busy` has not confirmed
-    it either: the lane is tried then too."""
-    reason = estop_reason(reason)
-    if target.control.startswith("tcp://") and target.curve is None:  # locate said why
-        said = f"the daemon at {target.control} was not asked (no CURVE keys)"
-        return _via_lane(target, reason, timeout_s, said)
-    handshake = Handshake(target)  # meanwhile: is the daemon's main process up at all?
-    try:
-        try:
-            reply = request_once(
-                target.control,
-                "estop",
-                {"reason": reason} if reason else {},
-                timeout_s=timeout_s,
-                curve=target.curve,
-            )
-        except Unreachable as first:
-            up = first.sent and handshake.seen()
-            said = humane.daemon_unconfirmed(str(first), first.sent, up, target.control, timeout_s)
-            return _via_lane(target, reason, timeout_s, said)
-        if reply.get("ok"):
-            return "ok", reply.get("result")
-        err = reply.get("error") if isinstance(reply.get("error"), dict) else {}
-        code, message = str(err.get("code", "error")), str(err.get("message", ""))
-        if code not in UNCONFIRMED:
-            return "error", (code, message)
-        said = f"the daemon is up but its control lane did not confirm: it said {code}: {message}"
-        return _via_lane(target, reason, timeout_s, said)
-    finally:
-        handshake.close()
-
-
-def _via_lane(target: Target, reason: str, timeout_s: float, daemon: str) -> tuple[str, Any]:
-    """The e-stop to lane.sock after the daemon did not confirm it (`daemon`: what is
-    known of the daemon, in words)."""
-    try:
-        return "ok", estop_via_lane(target.lane_control, reason or "robotctl", timeout_s)
-    except Unreachable as lane:
-        return "unreachable", humane.estop_unconfirmed(daemon, str(lane))
 
 
 def _watch_estop(target: Target, timeout_s: float) -> tuple[bool, str]:
@@ -342,7 +142,7 @@ def _run(args: argparse.Namespace, out: Output) -> int:
         )
     if args.command == "estop":
         return _estop_command(target, args, out)
-    request = _request_args(args)
+    request = request_args(args)
     try:
         reply = request_once(
             target.control, args.command, request, timeout_s=args.timeout, curve=target.curve
@@ -378,7 +178,7 @@ def main(argv: list[str] | None = None) -> int:
 def _main(argv: list[str] | None = None) -> int:
     out = Output(False)
     try:
-        args = _parser().parse_args(argv)
+        args = parser().parse_args(argv)
         out = Output(bool(getattr(args, "json", False)))
         return _run(args, out)
     except (ConfigError, KeyFileError) as exc:

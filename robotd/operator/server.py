@@ -5,7 +5,10 @@ Requests are one msgpack frame ``{id, cmd, args}``; replies ``{id, ok, result}``
 acts on it (robotd.operator.requests): a malformed one gets an error reply and changes
 nothing, and the control lane is sent only the small command it needs. The default
 endpoints are ipc:// in the run directory, mode 0660; over tcp both sockets are CURVE
-servers that answer only the authorised clients (robotd.operator.curve).
+servers that answer only the authorised clients (robotd.operator.curve). Where the
+sockets are is robotd.operator.endpoints'; what a request other than a lane command is
+answered is robotd.operator.answers'; this module is the sockets, the dispatch and the
+replies.
 """
 
 from __future__ import annotations
@@ -27,14 +30,9 @@ import zmq.asyncio
 
 from robotd import wire
 from robotd.config import Config
-from robotd.errors import ConfigError
-from robotd.operator.curve import (
-    KeyFileError,
-    ServerKeys,
-    load_server_keys,
-    set_curve_server,
-    start_authenticator,
-)
+from robotd.operator import answers
+from robotd.operator.curve import set_curve_server, start_authenticator
+from robotd.operator.endpoints import endpoints, ipc_path, server_keys
 from robotd.operator.requests import (
     LANE_COMMANDS,
     LOCAL_COMMANDS,
@@ -51,82 +49,10 @@ from robotd.runtime.bridge import LaneBusy
 from robotd.runtime.rundir import remove_socket_file
 from robotd.runtime.view import DaemonView, LaneCommands, PolicyParams, status_dict
 
-__all__ = [
-    "LANE_COMMANDS",
-    "LOCAL_COMMANDS",
-    "OperatorServer",
-    "RequestError",
-    "check_operator",
-    "endpoints",
-    "parse_request",
-]
-
 log = logging.getLogger("robotd.operator")
 
-# The control lane's counters that telemetry carries (the summary has them all).
-TELEMETRY_COUNTERS = (
-    "ticks",
-    "missed_ticks",
-    "acts",
-    "chunks",
-    "holds",
-    "max_consecutive_holds",
-    "starved_episodes",
-    "stale_chunks",
-    "rows_dropped",
-    "stale_rows_played",
-    "delay_overruns",
-    "episode_resets",
-    "interventions",
-    "clipped",
-    "clamped",
-    "rejected",
-    "invalid_observations",
-)
 # A frame over this is not even taken in: ZeroMQ drops the peer (requests are far smaller).
 MAX_FRAME_BYTES = 1 << 20
-
-
-def endpoints(cfg: Config, run_dir: Path) -> tuple[str, str]:
-    """The control and telemetry endpoints: the config's, else ipc:// in the run directory."""
-    control = cfg.runtime.control_endpoint or f"ipc://{run_dir}/control.sock"
-    telemetry = cfg.runtime.telemetry_endpoint or f"ipc://{run_dir}/telemetry.sock"
-    for ep, key in ((control, "control_endpoint"), (telemetry, "telemetry_endpoint")):
-        if not ep.startswith(("ipc://", "tcp://")):
-            raise ValueError(f"runtime.{key}: {ep!r}: only ipc:// and tcp:// are served")
-    return control, telemetry
-
-
-def _uses_tcp(cfg: Config) -> bool:
-    r = cfg.runtime
-    return any(ep.startswith("tcp://") for ep in (r.control_endpoint, r.telemetry_endpoint))
-
-
-def server_keys(cfg: Config) -> ServerKeys | None:
-    """The CURVE keys when an operator endpoint is tcp (KeyFileError when unusable)."""
-    if not _uses_tcp(cfg):
-        return None
-    r = cfg.runtime
-    if not (r.curve_secret_key and r.curve_clients):
-        raise KeyFileError(
-            "a tcp operator endpoint needs runtime.curve_secret_key and curve_clients"
-        )
-    return load_server_keys(r.curve_secret_key, r.curve_clients)
-
-
-def check_operator(cfg: Config, where: str = "") -> None:
-    """What `robotd check` and `robotd run` ask before anything moves: tcp endpoints have
-    usable CURVE keys. Raises ConfigError naming the key and the file."""
-    try:
-        server_keys(cfg)
-    except KeyFileError as exc:
-        prefix = f"{where}: " if where else ""
-        raise ConfigError(f"{prefix}runtime.curve_secret_key/curve_clients: {exc}") from None
-
-
-def _ipc_path(ep: str) -> Path | None:
-    return Path(ep.removeprefix("ipc://")) if ep.startswith("ipc://") else None
-
 
 # Told every answered request: (cmd, validated args, error or None, result) — the trace.
 OnCommand = Callable[[str, Mapping[str, Any], "str | None", Any], None]
@@ -171,7 +97,7 @@ class OperatorServer:
         if self.keys is not None:
             self.auth = start_authenticator(self.ctx, self.keys)  # before any handshake
         for sock, ep in ((self.sock, self.control_ep), (self.pub, self.telemetry_ep)):
-            path = _ipc_path(ep)
+            path = ipc_path(ep)
             if path is not None:
                 path.unlink(missing_ok=True)
             sock.bind(ep)
@@ -210,7 +136,7 @@ class OperatorServer:
             self.sock.close(linger=0)
             if self.auth is not None:
                 self.auth.stop()
-            path = _ipc_path(self.control_ep)
+            path = ipc_path(self.control_ep)
             if path is not None:
                 remove_socket_file(path)
 
@@ -225,7 +151,7 @@ class OperatorServer:
 
     async def _answer(self, envelope: list[bytes], req: Request) -> None:
         try:
-            result: Any = self.handle_local(req)
+            result: Any = answers.local(self.view, req)
         except RequestError as exc:
             result = exc
         self._told(req, result)
@@ -233,37 +159,13 @@ class OperatorServer:
 
     async def _answer_params(self, envelope: list[bytes], req: Request) -> None:
         try:
-            result: Any = await self.handle_params(req.args)
+            result: Any = await answers.params(self.cfg, self.policy, req.args)
         except RequestError as exc:
             result = exc
         except TimeoutError as exc:
             result = RequestError("timeout", f"the policy worker did not answer: {exc}")
         self._told(req, result)
         await self._reply(envelope, req.rid, result)
-
-    async def handle_params(self, args: dict[str, Any]) -> Any:
-        """Without `set`: the config in force and the policy's inference parameters. With
-        `set`: the policy's parameters changed, from its next episode on (never mid-episode;
-        the worker checks each against its declared type)."""
-        from robotd.link.client import PolicyError
-
-        changes = args.get("set")
-        if not changes:
-            out: dict[str, Any] = {"config": self.cfg.model_dump(mode="json")}
-            if self.policy is not None:
-                try:
-                    out["policy"] = (await self.policy.params(None)).get("params", [])
-                except PolicyError as exc:
-                    out["policy"] = f"{exc.code}: {exc.message}"
-            return out
-        if self.policy is None:
-            raise RequestError("not_supported", "params: no policy link to set parameters on")
-        try:
-            result = await self.policy.params(changes)
-        except PolicyError as exc:
-            raise RequestError(exc.code, f"params: {exc.message}") from None
-        log.info("operator: params set %s (from the next episode on)", summary(changes))
-        return result
 
     def _told(self, req: Request, result: Any) -> None:
         failed = isinstance(result, RequestError)
@@ -311,87 +213,17 @@ class OperatorServer:
             out["written_ns"] = reply.written_ns
         return out
 
-    def handle_local(self, req: Request) -> Any:
-        v = self.view
-        if req.cmd == "status":
-            out = {**v.state(), "run_id": v.run_id, "robot": v.robot, "link": v.link()}
-            if (trace := v.trace()) is not None:
-                out["trace"] = trace
-            return out
-        if req.cmd == "stats":  # the lane's age first: its numbers may be its last
-            return {**v.lane(), **v.summary.to_dict()}
-        if req.cmd == "verdict":
-            return self._verdict(req.args)
-        raise RequestError("unknown_command", req.cmd)  # unreachable: parse_request checked
-
-    def _verdict(self, args: dict[str, Any]) -> dict[str, Any]:
-        episode = self.view.state().get("episode", 0)
-        if not isinstance(episode, int) or episode <= 0:
-            raise RequestError("bad_state", "no episode has started yet: nothing to judge")
-        verdicts = self.view.summary.verdicts
-        index = next((i for i, v in enumerate(verdicts) if v.get("episode") == episode), None)
-        if index is not None and not args.get("replace", False):
-            first = verdicts[index]
-            said = "success" if first.get("success") else "failure"
-            when = time.strftime("%H:%M:%S", time.localtime(first.get("time", 0)))
-            notes = f" ({summary({'notes': first['notes']})})" if first.get("notes") else ""
-            raise RequestError(
-                "verdict_exists",
-                f"episode {episode} already has a verdict: {said}{notes}, given at {when}; "
-                "send it with replace (robotctl verdict --replace) to replace it",
-            )
-        verdict = {
-            "episode": episode,
-            "success": args["success"],
-            "notes": args.get("notes", ""),
-            "time": time.time(),
-        }
-        if index is None:
-            verdicts.append(verdict)
-        else:
-            verdicts[index] = verdict
-        word = "replaced: " if index is not None else ""
-        log.info(
-            "verdict %sepisode %d %s %s",
-            word,
-            episode,
-            "success" if verdict["success"] else "failure",
-            summary({"notes": verdict["notes"]}) if verdict["notes"] else "",
-        )
-        return verdict
-
-    def telemetry_message(self) -> dict[str, Any]:
-        """What one telemetry message carries (the view tolerates any field missing)."""
-        s = self.view.summary
-        return {
-            "time": time.time(),
-            "run_id": self.view.run_id,
-            "state": self.view.state(),
-            "link": self.view.link(),
-            "hz": s.measured_hz(),
-            "lateness_us": s.lateness(),
-            "counters": {
-                **{k: s.count(k) for k in TELEMETRY_COUNTERS},
-                **s.uploads(),
-                **s.link_counts(),
-            },
-            "ask_latency": s.ask_latency(),
-            "act_rtt_ms": s.act_rtt_ms(),
-            "infer_ms": s.infer_ms(),
-            "robot": self.view.robot_state(),
-        }
-
     async def _telemetry(self) -> None:
         period = 1.0 / self.cfg.runtime.telemetry_hz
         try:
             while True:
                 await anyio.sleep(period)
-                msg = wire.packb(self.telemetry_message())
+                msg = wire.packb(answers.telemetry_message(self.view))
                 with contextlib.suppress(zmq.Again):  # no subscriber keeping up: skip this one
                     await self.pub.send_multipart([b"status", msg], zmq.NOBLOCK)
         finally:
             self.pub.close(linger=0)
-            path = _ipc_path(self.telemetry_ep)
+            path = ipc_path(self.telemetry_ep)
             if path is not None:
                 remove_socket_file(path)
 

@@ -209,7 +209,7 @@ class TraceStore:
     def stats(self) -> TraceStats:
         t, o = self._thread, self._outbox
         return TraceStats(t.records, t.frames, t.bytes, o.dropped_records, o.dropped_frames,
-                          len(o), t.errors, t.deleted, t.is_alive(), self.frames_lost,
+                          len(o), t.errors, t.disk.deleted, t.is_alive(), self.frames_lost,
                           t.encoded, round(t.encode_ns / 1e9, 6), round(t.cpu_ns / 1e9, 6))
 
     def health(self) -> dict[str, Any] | None:
@@ -222,16 +222,16 @@ class TraceStore:
         if self.run_dir is None:
             return None
         key = t.current
-        f = t.files.get(key) if key is not None else None
-        recording = (f is not None and not f.broken) if key is not None else t.refused is None
+        f = t.disk.files.get(key) if key is not None else None
+        recording = (f is not None and not f.broken) if key is not None else t.disk.refused is None
         out: dict[str, Any] = {"recording": recording, "dir": str(self.run_dir)}
         if not t.is_alive() and not self._closed:
             out["recording"] = False
             out["refused"] = {"error": "the trace's writer thread is gone"}
-        elif not recording and t.refused is not None:
-            out["refused"] = dict(t.refused)
-        if t.stopped:
-            out["stopped"] = [str(s.get("file")) for s in t.stopped[-8:]]
+        elif not recording and t.disk.refused is not None:
+            out["refused"] = dict(t.disk.refused)
+        if t.disk.stopped:
+            out["stopped"] = [str(s.get("file")) for s in t.disk.stopped[-8:]]
         if f is not None and f.broken:
             out["lost_ticks"] = f.ticks - f.kept[0]
         o = self._outbox
@@ -262,8 +262,8 @@ class TraceStore:
             s = self.stats()
             info.update(ended=dt.datetime.now(dt.UTC).isoformat(),
                         stats={k: getattr(s, k) for k in TraceStats.__dataclass_fields__})
-            if self._thread.stopped:  # files a write error closed: trace ls says so
-                info["recording_stopped"] = list(self._thread.stopped)
+            if self._thread.disk.stopped:  # files a write error closed: trace ls says so
+                info["recording_stopped"] = list(self._thread.disk.stopped)
             try:
                 write_json_atomic(self.run_dir / RUN_JSON, info)
             except OSError as exc:

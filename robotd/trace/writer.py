@@ -5,6 +5,10 @@ I/O, fsync, deleting old runs. Items arrive in order through the `Outbox`; the t
 wakes every `poll_s` (or at once for control items), drains what is there, records any
 drops as an event, and flushes each open file once `flush_s` has passed or `flush_bytes`
 are pending. Errors are logged and counted; the thread never dies of one.
+
+This module decides what goes where: records and frames encoded into the episode open now
+(or the session file), episodes begun and ended, verdicts, drops. The files themselves,
+their flushing, write errors, sidecars and the disk budget are robotd.trace.openfiles'.
 """
 
 from __future__ import annotations
@@ -15,12 +19,11 @@ import time
 from pathlib import Path
 from typing import Any
 
-from robotd.trace import budget, codec
+from robotd.trace import codec
 from robotd.trace.episodes import OpenFile, iso_now, refusal
-from robotd.trace.mcapfile import McapFile
+from robotd.trace.openfiles import OpenFiles
 from robotd.trace.outbox import Outbox
-from robotd.trace.pending import RETRY_S, PendingJson
-from robotd.trace.rundir import SESSION, episode_name, make_reserve
+from robotd.trace.rundir import episode_name
 from robotd.trace.schemas import (
     CHANNELS,
     EPISODE_END,
@@ -44,24 +47,18 @@ class WriterThread(threading.Thread):
     ) -> None:
         super().__init__(name="robotd-trace", daemon=True)
         self.outbox, self.run_dir, self.settings, self.sink = outbox, run_dir, settings, sink
-        self.files: dict[int, OpenFile] = {}  # episode writer key -> open episode file
+        self.disk = OpenFiles(run_dir, settings, self._complain)
         self.current: int | None = None
-        self.session: OpenFile | None = None
         self.sidecars: dict[int, tuple[Path, dict[str, Any]]] = {}  # episode -> ended sidecar
-        self.pending = PendingJson()  # sidecars a write error held back, retried
-        self.stopped: list[dict[str, Any]] = []  # files a write error closed: run.json's
-        self.refused: dict[str, Any] | None = None  # why nothing is written now (status)
-        self._session_tried = 0.0  # when a session file was last tried (after a failure)
-        self.records = self.frames = self.bytes = self.errors = self.deleted = 0
+        self.records = self.frames = self.bytes = self.errors = 0
         self.encoded = self.encode_ns = 0  # frames given as pixels, and their JPEG time
         self.cpu_ns = 0  # this thread's CPU time, as of its last drain (for the stats)
         self._drops_seen = (0, 0)
         self._complaints: dict[str, int] = {}
-        self._since_budget = 0
 
     # ---- the loop
     def run(self) -> None:
-        self._budget()
+        self.disk.budget()
         closing = False
         while not closing:
             self.outbox.wake.wait(self.settings.poll_s)
@@ -72,7 +69,7 @@ class WriterThread(threading.Thread):
                 except Exception as exc:
                     self._complain(f"item:{item[0]}", f"trace: {item[0]}: {exc!r}")
             self._note_drops(self._drops_before_next_control())
-            self._flush_due()
+            self.disk.flush_due()
             self.cpu_ns = time.thread_time_ns()
         self._shutdown()
         self.cpu_ns = time.thread_time_ns()
@@ -100,8 +97,8 @@ class WriterThread(threading.Thread):
         elif kind == "verdict":
             self._verdict(*item[1:])
         elif kind == "sync":
-            for f in self._open():
-                self._flush(f)
+            for f in self.disk.writable():
+                self.disk.flush(f)
             item[1].set()
         elif kind == "close":
             return True
@@ -109,10 +106,10 @@ class WriterThread(threading.Thread):
 
     # ---- messages
     def _file_for(self, key: int | None) -> OpenFile | None:
-        f = self.files.get(self.current if key is None else key)  # type: ignore[arg-type]
+        f = self.disk.files.get(self.current if key is None else key)  # type: ignore[arg-type]
         # an episode file a write error closed keeps its messages (counted as lost in its
         # sidecar): they are the episode's, not the session's
-        return self._session() if f is None else f
+        return self.disk.session_file() if f is None else f
 
     def _message(self, key: int | None, topic: str, log_time_ns: int, record: Any) -> None:
         spec = spec_for(topic)
@@ -170,11 +167,11 @@ class WriterThread(threading.Thread):
         try:
             target.file.add(spec, t, data)
             self.bytes += len(data)
-            self._since_budget += len(data)
+            self.disk.since_budget += len(data)
             if target.file.unflushed >= self.settings.flush_bytes:
-                self._flush(target)
+                self.disk.flush(target)
         except OSError as exc:
-            self._broken(target, exc)
+            self.disk.broken(target, exc)
 
     def _event(
         self, target: OpenFile | None, name: str, detail: dict[str, Any], t: int | None = None,
@@ -208,45 +205,7 @@ class WriterThread(threading.Thread):
                       "total_frames": now[1]}
             self._event(self._file_for(None), TRACE_DROP, detail)
 
-    # ---- files
-    def _open_file(self, stem: str, meta: dict[str, Any]) -> McapFile:
-        assert self.run_dir is not None
-        for attempt in range(1000):
-            path = self.run_dir / (episode_name_attempt(stem, attempt) + ".mcap")
-            try:
-                return McapFile(
-                    path, meta, compression=self.settings.compression, fsync=self.settings.fsync
-                )
-            except FileExistsError:
-                continue
-        raise FileExistsError(f"{self.run_dir}: no free name for {stem}")
-
-    def _session(self) -> OpenFile | None:
-        """The session file, opened on first use; after a write error closed it, a new one
-        (session-N.mcap: an MCAP file cannot be appended to) once a file opens again, tried
-        at most once a RETRY_S."""
-        s = self.session
-        if self.run_dir is None or (s is not None and not s.broken):
-            return s
-        now = time.monotonic()
-        if s is not None and now - self._session_tried < RETRY_S:
-            return None
-        self._session_tried = now
-        try:
-            mf = self._open_file(SESSION.removesuffix(".mcap"), {"run": self.run_dir.name})
-        except OSError as exc:
-            self.refused = refusal(SESSION, exc)
-            if s is None:
-                self._complain("session", f"trace: cannot open {SESSION}: {exc}")
-            return None
-        self.refused = None
-        if s is not None:
-            log.warning("trace: writing again: the session continues in %s (%s was closed "
-                        "by a write error)", mf.path.name, s.file.path.name)
-            make_reserve(self.run_dir)  # room again: set the reserve aside again
-        self.session = OpenFile(mf, None, None)
-        return self.session
-
+    # ---- episodes
     def _begin(self, key: int, episode: int, wep: str, task: str | None, t: int,
                tick: int | None = None) -> None:
         if self.current is not None:
@@ -260,23 +219,23 @@ class WriterThread(threading.Thread):
                 "run": self.run_dir.name, "started": iso_now(), "ended": None,
                 "outcome": None, "verdict": None, **dict(self.settings.episode_meta)}
         try:
-            mf = self._open_file(episode_name(episode), info)
+            mf = self.disk.open_mcap(episode_name(episode), info)
         except OSError as exc:
-            self.refused = refusal(episode_name(episode) + ".mcap", exc)
+            self.disk.refused = refusal(episode_name(episode) + ".mcap", exc)
             self._complain("open", f"trace: cannot open episode {episode}'s file: {exc}")
             return
-        self.refused = None
+        self.disk.refused = None
         f = OpenFile(mf, episode, mf.path.with_suffix(".json"), info={**info, "file": mf.path.name})
-        self.files[key] = f
+        self.disk.files[key] = f
         self._event(f, EPISODE_START, start, t, tick)
-        self._sidecar(f)
+        self.disk.sidecar(f)
 
     def _end(self, key: int, outcome: str, verdict: Any, t: int, tick: int | None = None,
              detail: dict[str, Any] | None = None) -> None:
         was_current = self.current == key
         if was_current:
             self.current = None
-        f = self.files.pop(key, None)
+        f = self.disk.files.pop(key, None)
         extra = detail if isinstance(detail, dict) else {}
         if f is None:
             if was_current:  # a live view alone, or a file that never opened
@@ -288,14 +247,14 @@ class WriterThread(threading.Thread):
         self._event(f, EPISODE_END, {**extra, "outcome": outcome, "verdict": verdict}, t, tick)
         cause = str(extra.get("cause") or "")  # a fault's: estop, driver, watchdog, ...
         f.info.update(outcome=outcome, cause=cause, verdict=verdict, ended=iso_now())
-        self._close_file(f, {"outcome": outcome, "cause": cause, "verdict": verdict,
-                             **f.summary()})
+        self.disk.close(f, {"outcome": outcome, "cause": cause, "verdict": verdict,
+                            **f.summary()})
         if f.sidecar is not None and f.episode is not None:
             self.sidecars[f.episode] = (f.sidecar, {**f.info, **f.summary()})
-        self._budget()
+        self.disk.budget()
 
     def _verdict(self, episode: int, verdict: Any) -> None:
-        for f in self.files.values():
+        for f in self.disk.files.values():
             if f.episode == episode:
                 f.info["verdict"] = verdict
                 self._event(f, "verdict", {"episode": episode, "verdict": verdict})
@@ -303,83 +262,15 @@ class WriterThread(threading.Thread):
         if episode in self.sidecars:
             path, info = self.sidecars[episode]
             info["verdict"] = verdict
-            if exc := self.pending.write(path, info):
+            if exc := self.disk.pending.write(path, info):
                 self._complain("verdict", f"trace: cannot record the verdict in {path} yet: "
                                f"{exc}")
-        self._event(self._session(), "verdict", {"episode": episode, "verdict": verdict})
-
-    def _close_file(self, f: OpenFile, end: dict[str, Any]) -> None:
-        """Finish `f` (unless a write error closed it already) and write its sidecar: an
-        episode's end gets there either way."""
-        if not f.broken:
-            try:
-                f.file.finish(end)
-                f.flushed()
-            except OSError as exc:
-                self._broken(f, exc)
-        self._sidecar(f)
-
-    def _sidecar(self, f: OpenFile) -> None:
-        """Write `f`'s sidecar now, or (a full disk) as soon as the disk takes it."""
-        if f.sidecar is None:
-            return
-        if exc := self.pending.write(f.sidecar, {**f.info, **f.summary()}):
-            self._complain(f"sidecar:{f.sidecar}",
-                           f"trace: {f.sidecar}: {exc}; written once the disk takes it")
-
-    def _broken(self, f: OpenFile, exc: OSError) -> None:
-        if not f.broken:
-            f.stop(exc)
-            f.file.abandon()
-            self.stopped.append({"file": f.file.path.name, **(f.stopped or {})})
-            self.refused = self.stopped[-1]
-            self._complain(f"broken:{f.file.path}", f"trace: {f.file.path}: {exc}; file closed")
-            self._sidecar(f)  # says so at once, should the daemon not live to the end
-
-    def _open(self) -> list[OpenFile]:
-        out = [f for f in self.files.values() if not f.broken]
-        if self.session is not None and not self.session.broken:
-            out.append(self.session)
-        return out
-
-    def _flush(self, f: OpenFile) -> None:
-        try:
-            f.file.flush()
-            f.flushed()
-        except OSError as exc:
-            self._broken(f, exc)
-        f.last_flush = time.monotonic()
-
-    def _flush_due(self) -> None:
-        now = time.monotonic()
-        for f in self._open():
-            if f.file.unflushed and now - f.last_flush >= self.settings.flush_s:
-                self._flush(f)
-        if self._since_budget >= max(1 << 20, self.settings.max_bytes // 16):
-            self._budget()
-        for path in self.pending.retry():
-            log.warning("trace: %s written at last (a write error had held it back)", path.name)
-
-    def _budget(self) -> None:
-        self._since_budget = 0
-        if self.run_dir is None:
-            return
-        try:
-            open_paths = [f.file.path for f in self._open()]
-            gone = budget.enforce(self.run_dir.parent, self.settings.max_bytes, self.run_dir,
-                                  open_paths)
-            self.deleted += len(gone)
-        except OSError as exc:
-            self._complain("budget", f"trace: disk budget: {exc}")
+        self._event(self.disk.session_file(), "verdict", {"episode": episode, "verdict": verdict})
 
     def _shutdown(self) -> None:
-        for key in list(self.files):
+        for key in list(self.disk.files):
             self._end(key, "daemon_stopped", None, time.time_ns())
-        if self.session is not None:
-            self._close_file(self.session, {"outcome": None})
-        self.pending.retry(force=True)
-        for path in self.pending.files:
-            log.error("trace: %s could not be written (the disk still refuses it)", path)
+        self.disk.close_session()
         if self.sink is not None:
             try:
                 self.sink.close()
@@ -391,7 +282,3 @@ class WriterThread(threading.Thread):
         n = self._complaints[key] = self._complaints.get(key, 0) + 1
         if n == 1 or n % 1000 == 0:
             log.error("%s%s", text, f" ({n} times)" if n > 1 else "")
-
-
-def episode_name_attempt(stem: str, attempt: int) -> str:
-    return stem if attempt == 0 else f"{stem}-{attempt}"
