@@ -208,24 +208,38 @@ class ServoJoints(JointDriver):
         self._converter()
         try:
             if on:
-                # hold where the joints are: goal = present before the torque comes on
-                replies = self._read_replies()
-                address, size = self.goal_register
-                goals = [
-                    (i, self.encode_goal(self.decode_state(replies[i].data)[0])) for i in self.ids
-                ]
-                bus.sync_write(address, size, goals)
+                self._torque_on(bus)
             else:
-                self.after_torque(bus, False)
-            for i in self.ids:
-                bus.write(i, self.torque_register, bytes((1 if on else 0,)))
-            if on:
-                self.after_torque(bus, True)
+                self._torque_off(bus)
         except BusError as exc:
             raise self._bus_fault(f"torque {'on' if on else 'off'}", exc) from None
         except TransportError as exc:
             raise DriverFault(f"{self.protocol}: {exc}") from None
         self._torque = on
+
+    def _torque_on(self, bus: ServoBus) -> None:
+        # hold where the joints are: goal = present before the torque comes on
+        replies = self._read_replies()
+        address, size = self.goal_register
+        goals = [(i, self.encode_goal(self.decode_state(replies[i].data)[0])) for i in self.ids]
+        bus.sync_write(address, size, goals)
+        for i in self.ids:
+            bus.write(i, self.torque_register, b"\x01")
+        self.after_torque(bus, True)
+
+    def _torque_off(self, bus: ServoBus) -> None:
+        """Every servo that answers is let go, whichever ones do not (an e-stop with one
+        servo gone still stops the rest); then BusError for the first that did not."""
+        failed: list[BusError] = []
+        for i in self.ids:
+            try:
+                bus.write(i, self.torque_register, b"\x00")
+            except BusError as exc:
+                failed.append(exc)
+        with contextlib.suppress(BusError):
+            self.after_torque(bus, False)  # its extras are not what stops the arm
+        if failed:
+            raise failed[0]
 
     def close(self) -> None:
         transport, self._transport = self._transport, None
