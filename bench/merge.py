@@ -1,6 +1,6 @@
 """Realtime chunk merging on the sim tracking task, on the virtual clock (no wall time).
 
-    python bench/merge.py [--steps 600] [--json]
+    python bench/merge.py [--steps 600] [--sampled SIGMA] [--json]
 
 The demo policy (robotd.demo:DotFollower, its own latency_ms = 0 so it never sleeps) follows
 the dot of config/sim.toml's world; the policy latency is fixed by the virtual clock at 0, 50,
@@ -47,12 +47,19 @@ Choices, and why (every run uses the same ones, so the table compares merging al
   - fade_steps 5 (the config default), the delay prediction's defaults (quantile 0.9, margin 1);
   - no per-tick velocity limit in the shield (safety.max_velocity unset): the jump measured is
     the merge's own seam, not the shield's clamp; the position limits stay;
-  - 600 steps (20 s): one full period of the dot's path.
+  - 600 steps (20 s): one full period of the dot's path;
+  - the demo's plan exact (no --sampled): every chunk is the same plan, only fresher. With
+    --sampled SIGMA each act draws a sample instead, as a diffusion or flow-matching policy
+    does: its plan off by a smooth random deviation of RMS SIGMA rad per row (an offset and
+    two slow waves across the chunk; DotFollower's sample_noise, seeded by --seed), so
+    consecutive chunks disagree; rtc still answers the prefix it is handed, then blends into
+    its own new sample. Every table runs so; the JSON's "parameters" says which.
 """
 
 from __future__ import annotations
 
 import argparse
+import math
 import sys
 import time
 from pathlib import Path
@@ -75,7 +82,9 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--horizon", type=int, default=30, help="demo policy rows per chunk (30)")
     p.add_argument("--refill-steps", type=int, default=14, help="realtime refill_steps (14)")
     p.add_argument("--fade-steps", type=int, default=5, help="fade_steps (5)")
-    p.add_argument("--seed", type=int, default=0, help="sim noise and latency jitter seed (0)")
+    p.add_argument("--seed", type=int, default=0, help="sim noise, jitter and sampling seed (0)")
+    p.add_argument("--sampled", type=float, default=0.0, metavar="SIGMA",
+                   help="each chunk a sample RMS SIGMA rad off the exact plan (0: exact)")
     p.add_argument("--json", action="store_true", help="print a JSON summary as the last line")
     args = p.parse_args(argv)
     for name in ("steps", "horizon", "fade_steps"):
@@ -83,6 +92,8 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
             raise BenchError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
     if args.refill_steps < 0:
         raise BenchError(f"--refill-steps must be >= 0, got {args.refill_steps}")
+    if not (math.isfinite(args.sampled) and args.sampled >= 0):
+        raise BenchError(f"--sampled must be finite and >= 0, got {args.sampled}")
     return args
 
 
@@ -128,7 +139,14 @@ def run_one(
         latency = jittered(latency, jitter, seed=args.seed)
     # blend_step: the most of a seam's offset removed per row (None: DotFollower's own)
     bound = {} if blend_step is None else {"blend_step": blend_step}
-    policy = DotFollower(latency_ms=0, horizon=args.horizon, rtc=mode == "rtc", **bound)
+    policy = DotFollower(
+        latency_ms=0,
+        horizon=args.horizon,
+        rtc=mode == "rtc",
+        sample_noise=args.sampled,
+        seed=args.seed,
+        **bound,
+    )
     result = run_virtual(
         _config(mode, args, shield),
         policy,
@@ -201,10 +219,17 @@ def _frontier(args: argparse.Namespace, results: list[dict[str, Any]]) -> list[d
         "DotFollower removes per row)",
         digits=4,
     )
-    print(
-        "The demo's plan is exact and noise-free: after the frozen prefix the freshest plan "
-        "(replace) tracks best, so any blend costs tracking; with no blend rtc is replace."
-    )
+    if args.sampled:
+        print(
+            f"Each chunk is a fresh sample (RMS {args.sampled:g} rad off the exact plan): a "
+            "slower blend keeps more of the previous sample; with no blend rtc is replace."
+        )
+    else:
+        print(
+            "The demo's plan is exact and noise-free: after the frozen prefix the freshest "
+            "plan (replace) tracks best, so any blend costs tracking; with no blend rtc is "
+            "replace."
+        )
     return rows
 
 
@@ -243,6 +268,12 @@ def _shielded(args: argparse.Namespace) -> list[dict[str, Any]]:
     return rows
 
 
+def _parameters(args: argparse.Namespace) -> dict[str, Any]:
+    """The run's choices, for the JSON line: sampled is the chunks' sampling RMS (0: exact)."""
+    keys = ("steps", "horizon", "refill_steps", "fade_steps", "seed", "sampled")
+    return {k: getattr(args, k) for k in keys}
+
+
 def main(argv: list[str] | None = None) -> int:
     args = _parse(argv)
     started = time.perf_counter()
@@ -276,7 +307,8 @@ def main(argv: list[str] | None = None) -> int:
         ],
         title=f"merge: {args.steps} ticks per run, horizon {args.horizon}, "
         f"refill_steps {args.refill_steps} (auto: measured), fade_steps {args.fade_steps} "
-        "(virtual clock)",
+        + (f"(virtual clock), sampled chunks: RMS {args.sampled:g} rad, seed {args.seed}"
+           if args.sampled else "(virtual clock)"),
         digits=4,
     )
     for line in _verdict(results):
@@ -288,7 +320,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"({runs_done} runs in {time.perf_counter() - started:.1f} s)")
     if args.json:
         emit_json({"results": results, "rtc_frontier": frontier, "back_to_back": early,
-                   "with_shield": shielded})
+                   "with_shield": shielded, "parameters": _parameters(args)})
     return 0
 
 

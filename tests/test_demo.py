@@ -256,3 +256,60 @@ def test_served_rtc_demo_declares_rtc_and_is_handed_the_prefix() -> None:
             anyio.run(main, endpoint, backend_options={"use_uvloop": True})
     finally:
         shutil.rmtree(sockdir, ignore_errors=True)
+
+
+def _still_dot() -> dict:
+    p0, p1 = np.array([1.0, 0.5]), np.array([1.02, 0.49])
+    return window(10, 3, p0, p1, np.array([*g.inverse(p1), 0.1]))
+
+
+def test_sampled_chunks_are_fresh_seeded_draws_of_the_set_rms() -> None:
+    inputs = _still_dot()
+    exact = DotFollower(horizon=30, rtc=False).infer(inputs)
+    off = DotFollower(horizon=30, rtc=False, sample_noise=0.0, seed=5)
+    np.testing.assert_array_equal(off.infer(inputs), exact)  # 0: the exact plan
+    policy = DotFollower(horizon=30, rtc=False, sample_noise=0.02, seed=5)
+    twin = DotFollower(horizon=30, rtc=False, sample_noise=0.02, seed=5)
+    samples = [policy.infer(inputs) for _ in range(200)]
+    assert all(np.array_equal(twin.infer(inputs), s) for s in samples[:3])  # seeded
+    assert not np.array_equal(samples[0], samples[1])  # each act draws anew
+    other = DotFollower(horizon=30, rtc=False, sample_noise=0.02, seed=6).infer(inputs)
+    assert not np.array_equal(other, samples[0])
+    deviation = np.stack(samples) - exact
+    assert (deviation[:, :, 2] == 0).all()  # the gripper is not steered
+    assert abs(float(np.sqrt(np.mean(deviation[:, :, :2] ** 2))) / 0.02 - 1) < 0.1
+    # smooth: a row's deviation is its neighbour's give or take far less than the spread
+    steps = np.abs(np.diff(deviation[:, :, :2], axis=1))
+    assert float(np.sqrt(np.mean(steps**2))) < 0.02 / 5
+
+
+def test_sampled_rtc_keeps_the_prefix_then_blends_into_its_own_sample() -> None:
+    inputs = _still_dot()
+    sample = DotFollower(horizon=30, rtc=False, sample_noise=0.02, seed=1).infer(inputs)
+    prefix = sample[:3] + 0.2  # the previous chunk's rows, far off
+    rtc = {"delay": 3, "prefix": prefix, "rest": np.zeros((0, 3))}
+    out = DotFollower(horizon=30, rtc=True, sample_noise=0.02, seed=1).infer(inputs, rtc=rtc)
+    assert np.array_equal(out[:3], prefix)
+    assert (np.abs(np.diff(out[2:, :2] - sample[2:, :2], axis=0)) <= 0.03 + 1e-12).all()
+    np.testing.assert_array_equal(out[10:], sample[10:])  # 0.2 gone at 0.03 a row
+
+
+def test_samples_stay_within_the_joint_limits() -> None:
+    inputs = _still_dot()
+    exact = DotFollower(horizon=30, rtc=False).infer(inputs)
+    lo, hi = exact.min(axis=0) - 0.01, exact.max(axis=0) + 0.01
+    limits = {"lower": [*lo[:2], 0.0], "upper": [*hi[:2], 1.0]}
+    policy = DotFollower(horizon=30, rtc=False, sample_noise=0.2, **limits)
+    rows = np.stack([policy.infer(inputs) for _ in range(20)])
+    assert (rows[:, :, :2] >= lo[:2]).all() and (rows[:, :, :2] <= hi[:2]).all()
+    assert (rows[:, :, :2] == lo[:2]).any() and (rows[:, :, :2] == hi[:2]).any()
+    prefix = np.tile(hi + 0.5, (3, 1))  # a prefix past the limits is still kept as it is
+    rtc = {"delay": 3, "prefix": prefix, "rest": np.zeros((0, 3))}
+    out = DotFollower(horizon=30, sample_noise=0.2, **limits).infer(inputs, rtc=rtc)
+    assert np.array_equal(out[:3], prefix) and (out[3:, :2] <= hi[:2]).all()
+
+
+def test_sample_noise_must_be_finite_and_not_negative() -> None:
+    for bad in (-0.01, math.inf, math.nan):
+        with pytest.raises(ValueError, match="sample_noise"):
+            DotFollower(sample_noise=bad)

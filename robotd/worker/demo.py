@@ -23,6 +23,21 @@ robot's path. The robot plays the prefix and then holds its last row (with no pr
 where it is) until the act's predicted delay has passed, so the answer keeps those rows too
 and blends from there: the episode's first chunk joins the arm where it rests rather than
 jumping to the dot.
+
+`sample_noise` (0: off) models a sampled policy (diffusion or flow matching, as openpi's pi0):
+such a policy draws each chunk afresh, so two chunks planned for the same steps disagree by
+sampling noise even when the scene has not changed. Each act then draws a smooth deviation
+for every steered joint, an offset plus a half and a full cosine wave across the chunk's
+rows (`SAMPLE_TERMS`), of root-mean-square `sample_noise` joint units per row, and adds it
+to the plan before any prefix is kept: with rtc the answer still starts with the prefix it
+is handed (the previous sample's rows) and blends into its own new sample. The sample, and
+rtc's blend into it after the kept rows, stay within the joints' limits (`lower`/`upper`),
+as a trained policy's samples stay within the range of its data: the dot's path takes the
+sim's elbow within 0.1 of its stop (the exact plan, 400 ms ahead, a little past it), and
+unbounded samples there have the shield reject five rows in a row and fault. `seed` fixes
+the draws (every copy of the policy made with one seed draws the same samples); they are a
+stream of their own (`SAMPLE_STREAM`), so a sim arm seeded alike does not read the same
+numbers as its read noise.
 """
 
 from __future__ import annotations
@@ -36,13 +51,16 @@ import cv2
 import numpy as np
 
 from drivers.sim import geometry
-from drivers.sim.arm import GRIPPER_LOWER, GRIPPER_UPPER
+from drivers.sim.arm import ARM_LOWER, ARM_UPPER, GRIPPER_LOWER, GRIPPER_UPPER
 from robotd.contract import Actions, Camera, Observations, Stream
 
 # What a real policy declares: a small letterboxed JPEG, fitted and encoded robot-side.
 CAMERA = Camera(width=224, height=224, resize="pad", codec="jpeg", quality=90)
 JPEG_TOLERANCE = 60  # per channel around DOT_COLOUR: JPEG shifts colours near edges
 HOLD_KEY = "dotfollower.hold"  # Episode.state: the values the unsteered joints hold
+STEERED = 2  # the joints the plan steers (the arm's); the others hold
+SAMPLE_TERMS = 3  # a sample's deviation per joint: an offset, a half and a full cosine wave
+SAMPLE_STREAM = 0x5A  # the samples' numpy spawn key: a stream apart from others seeded alike
 
 
 def _observations(lookback: int) -> Observations:
@@ -58,7 +76,9 @@ class DotFollower:
     the velocity is estimated from. colour_tolerance: per-channel slack around DOT_COLOUR
     (JPEG_TOLERANCE suits the declared JPEG camera; 0 matches raw frames exactly). rtc:
     take the frozen prefix and continue it (module doc); blend_step: the most of the seam's
-    offset the blend removes per row (joint units, > 0). lower/upper: the joints' limits,
+    offset the blend removes per row (joint units, > 0). sample_noise, seed: each chunk a
+    fresh sample, off its exact plan by a smooth deviation of that RMS (joint units, >= 0;
+    module doc). lower/upper: the joints' limits,
     one value per joint each, as the robot config's (default: the sim arm's stops, 0..1 for
     every joint past the arm); the joints it does not steer are held within them (the arm's
     rows are its inverse kinematics, which the shield limits).
@@ -78,6 +98,8 @@ class DotFollower:
         blend_step: float = 0.03,
         lower: list[float] | None = None,
         upper: list[float] | None = None,
+        sample_noise: float = 0.0,
+        seed: int = 0,
     ) -> None:
         if horizon < 1 or lookback < 1 or not hz > 0 or latency_ms < 0 or not blend_step > 0:
             raise ValueError(
@@ -85,6 +107,12 @@ class DotFollower:
                 f"and blend_step > 0 (got {horizon}, {lookback}, {hz}, {latency_ms}, "
                 f"{blend_step})"
             )
+        if not (math.isfinite(sample_noise) and sample_noise >= 0):
+            raise ValueError(
+                f"DotFollower: sample_noise must be finite and >= 0, got {sample_noise}"
+            )
+        self.sample_noise = float(sample_noise)
+        self._rng = np.random.default_rng(np.random.SeedSequence(seed, spawn_key=(SAMPLE_STREAM,)))
         self.limits = _limits(lower, upper)
         self.latency_ms = float(latency_ms)
         self.horizon = int(horizon)
@@ -106,13 +134,17 @@ class DotFollower:
     ) -> np.ndarray:
         """(horizon, D) joint targets, D = len(joints.pos) of the act's own step; with rtc,
         the first rows are the frozen prefix (and the hold after it), then a blend into the
-        plan."""
+        plan. With sample_noise, the plan is this act's sample (module doc)."""
         rows, pose = self._plan(inputs, episode)
+        within = self._steered_limits(min(STEERED, rows.shape[1])) if self.sample_noise else None
+        if within is not None:
+            sample = rows[:, :STEERED] + self._deviation(rows.shape[0], within[0].size)
+            rows[:, :STEERED] = np.clip(sample, *within)
         if self.rtc and rtc is not None:
             prefix = np.asarray(rtc.get("prefix") if rtc.get("prefix") is not None else ())
             delay = rtc.get("delay")
             delay = int(delay) if isinstance(delay, numbers.Integral) else 0
-            return self.continue_prefix(rows, prefix, delay=delay, pose=pose)
+            return self.continue_prefix(rows, prefix, delay=delay, pose=pose, within=within)
         return rows
 
     def continue_prefix(
@@ -122,13 +154,16 @@ class DotFollower:
         *,
         delay: int = 0,
         pose: np.ndarray | None = None,
+        within: tuple[np.ndarray, np.ndarray] | None = None,
     ) -> np.ndarray:
         """`plan` with its first rows frozen and the offset at the seam blended out linearly
         over the fewest rows that remove at most blend_step of it per row.
 
         The frozen rows: the prefix (p x D), then its last row again up to `delay` rows (the
         robot holds it until the answer lands); with no prefix, `pose` (where the robot
-        holds) for `delay` rows. The seam's offset is frozen[-1] − plan[f − 1]."""
+        holds) for `delay` rows. The seam's offset is frozen[-1] − plan[f − 1]. `within`:
+        (lower, upper) of the first joints, the rows after the frozen ones kept in them (a
+        sample's bounds; module doc)."""
         seam = _frozen(prefix, plan.shape[1], delay, pose)
         if seam is None:
             return plan
@@ -140,7 +175,27 @@ class DotFollower:
         n = min(max(0, rows), plan.shape[0] - f)
         fade = 1.0 - np.arange(1, n + 1) / (rows + 1)
         out[f : f + n] += fade[:, None] * offset
+        if within is not None:
+            j = within[0].size
+            out[f:, :j] = np.clip(out[f:, :j], *within)
         return out
+
+    def _steered_limits(self, joints: int) -> tuple[np.ndarray, np.ndarray]:
+        """(lower, upper) of the first `joints` joints (the steered ones): as given, or
+        the sim arm's stops."""
+        if self.limits is None:
+            return np.full(joints, ARM_LOWER), np.full(joints, ARM_UPPER)
+        return self.limits[0][:joints], self.limits[1][:joints]
+
+    def _deviation(self, rows: int, joints: int) -> np.ndarray:
+        """(rows, joints): this sample's smooth deviation from the exact plan, a fresh draw
+        of SAMPLE_TERMS cosine coefficients per joint; the terms have unit mean square over
+        the rows, so the deviation's RMS is about sample_noise."""
+        u = np.arange(rows) / max(1, rows - 1)
+        k = np.arange(SAMPLE_TERMS)
+        basis = np.where(k == 0, 1.0, math.sqrt(2.0)) * np.cos(math.pi * np.outer(u, k))
+        coef = self._rng.standard_normal((SAMPLE_TERMS, joints))
+        return basis @ coef * (self.sample_noise / math.sqrt(SAMPLE_TERMS))
 
     def _plan(
         self, inputs: dict[str, Any], episode: str | None = None
