@@ -384,6 +384,8 @@ class PolicySession:
         counts = Counter(self._replies_before)
         if self.link is not None:
             counts.update(self.link.client.dropped_replies())
+        if self.openpi is not None:  # one link over every connection: its counts are whole
+            counts.update(self.openpi.link.dropped_replies())
         return {kind: counts[kind] for kind in DROPPED_KINDS}
 
     async def close(self) -> None:

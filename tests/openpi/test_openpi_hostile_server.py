@@ -215,12 +215,16 @@ def test_replies_that_end_the_connection(reply: Any, error: type, words: str) ->
         run(main)
 
 
+ONES = codec.packb({"actions": np.ones((4, 2), np.float32)})
+
+
 def test_a_reply_to_nobody_is_never_taken_for_an_answer() -> None:
     """A frame right after the metadata, before any request: the first act refuses to
-    pair its answer with it."""
+    pair its answer with it, and the frame is counted as a reply naming no request (as the
+    act client counts them: unknown_replies), over every connection. Repro: it was not
+    counted at all."""
 
-    ones = codec.packb({"actions": np.ones((4, 2), np.float32)})
-    with Hostile(answering(unasked=ones)) as server:
+    with Hostile(answering(unasked=ONES)) as server:
 
         async def main() -> None:
             link = OpenpiLink(server.url, FAST)
@@ -228,6 +232,36 @@ def test_a_reply_to_nobody_is_never_taken_for_an_answer() -> None:
             await await_until(lambda: link._conn and link._conn.recv_messages.frames, "frame")
             with pytest.raises(ConnectionLost, match="no request asked for"):
                 await link.act({"x": 1}, DEADLINE_S)
+            assert link.dropped_replies() == {"unknown": 1}
+            assert link.state.as_dict()["unknown_replies"] == 1  # status shows it
+            await link.connect(deadline_s=DEADLINE_S)  # the next connection sends one too
+            await await_until(lambda: link._conn and link._conn.recv_messages.frames, "frame")
+            with pytest.raises(ConnectionLost, match="no request asked for"):
+                await link.act({"x": 1}, DEADLINE_S)
+            assert link.dropped_replies() == {"unknown": 2}
+            await link.close()
+
+        run(main)
+
+
+def test_a_reply_to_nobody_then_a_close_while_idle_is_counted() -> None:
+    """The server sends a frame nobody asked for and closes while the link is idle: the
+    close is noticed with its reason and the frame counted, though no act ever came."""
+
+    async def script(peer: Peer) -> None:
+        peer.send(b"\x80")
+        peer.send(ONES)
+        await asyncio.sleep(0)
+        peer.close(1001, "going away")
+
+    with Hostile(script) as server:
+
+        async def main() -> None:
+            link = OpenpiLink(server.url, FAST)
+            await link.connect(deadline_s=DEADLINE_S)
+            await await_until(lambda: not link.connected, "the idle link noticed the close")
+            assert "closed while idle (code 1001 'going away')" in link.state.last_error
+            assert link.dropped_replies() == {"unknown": 1}
             await link.close()
 
         run(main)
