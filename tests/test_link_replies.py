@@ -7,6 +7,8 @@ logged at most once a while per kind."""
 from __future__ import annotations
 
 import logging
+import math
+import time
 from pathlib import Path
 from typing import Any
 
@@ -175,3 +177,94 @@ def test_the_run_summary_counts_the_replies_dropped_by_kind(tmp_path: Path, sock
     assert s["duplicate_replies"] >= 2 and s["undecodable_replies"] >= 1, s
     assert s["unknown_replies"] == 0 and s["late_replies_dropped"] == 0, s
     assert s["chunks"] >= 1 and s["act_errors"] == 0, s
+
+
+# ---- late answers to heartbeat pings are counted apart from late answers to acts ---------
+
+
+class _SlowPings(_Twice):
+    """Answers as _Twice does (once each), hello offering pings; each ping's answer is held,
+    sent `late_s` after it came (the client's wait over by then) or, with late_s None, just
+    before the answer to the next request. Every other request is answered at once."""
+
+    def __init__(self, endpoint: str, late_s: float | None) -> None:
+        super().__init__(endpoint)
+        self.late_s = late_s
+        self.held: list[tuple[float, bytes, dict[str, Any]]] = []
+
+    def reply(self, msg: dict[str, Any]) -> Any:
+        reply = super().reply(msg)
+        if msg["cmd"] == "hello":
+            reply["result"]["features"] = ["ping"]
+        return reply
+
+    def _send_held(self, until: float) -> None:
+        while self.held and self.held[0][0] <= until:
+            _, route, reply = self.held.pop(0)
+            self.sock.send_multipart([route, wire.packb(reply)])
+
+    def _serve(self) -> None:
+        while not self.stop.is_set():
+            self._send_held(time.monotonic())
+            if not self.sock.poll(20):
+                continue
+            route, *message = self.sock.recv_multipart()
+            msg = framed.unpack(message)
+            if msg["cmd"] == "ping":
+                due = time.monotonic() + self.late_s if self.late_s is not None else math.inf
+                self.held.append((due, route, self.reply(msg)))
+                continue
+            if self.late_s is None:
+                self._send_held(math.inf)
+            self.sock.send_multipart([route, wire.packb(self.reply(msg))])
+
+
+def test_a_late_answer_to_a_ping_is_counted_apart_from_late_replies(
+    sockdir: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Repro: a heartbeat ping answered after its wait was counted in late_replies, the
+    counter that says an act's (or another request's) answer came after it was given up."""
+    endpoint = f"ipc://{sockdir}/p.sock"
+    fake = _SlowPings(endpoint, late_s=None)  # answered with the next request, no sooner
+    fake.start()
+
+    async def main() -> dict[str, int]:
+        client = PolicyClient(endpoint, timeout_s=10)
+        try:
+            await client.connect()
+            with pytest.raises(TimeoutError):
+                await client.ping(timeout_s=0.2)
+            await client.end_episode("W")  # answered after the ping's late answer
+            return client.dropped_replies()
+        finally:
+            await client.close()
+
+    try:
+        with caplog.at_level(logging.WARNING, logger="robotd.link"):
+            dropped = _run(main)
+    finally:
+        fake.close()
+    assert dropped["late_ping"] == 1 and dropped["late"] == 0, dropped
+    assert dropped["unknown"] == 0 and dropped["duplicate"] == 0, dropped
+    said = [r.getMessage() for r in caplog.records]
+    late = f"dropped a late reply from {endpoint}: heartbeat ping 2 had been given up (1 so far)"
+    assert late in said, said  # hello was request 1
+
+
+def test_the_run_summary_counts_late_pings_apart(tmp_path: Path, sockdir: Path) -> None:
+    """The daemon against a worker whose pings are answered after their 1 s wait (its acts
+    at once, so it is never gone): the summary counts late_pings, and no late reply."""
+    endpoint = f"ipc://{sockdir}/s.sock"
+    fake = _SlowPings(endpoint, late_s=1.5)
+    fake.start()
+    try:
+        d = Daemon(tmp_path, "--worker", endpoint, "--set", "cameras={}",
+                   "--set", "policy.heartbeat_s=60")  # fmt: skip
+        d.wait_line(r"dropped a late reply from .*: heartbeat ping \d+ had been given up", 60)
+        d.signal()
+        assert d.wait_exit() == 0, "".join(d.log[-30:])
+    finally:
+        fake.close()
+    s = d.result()
+    assert s["late_pings"] >= 1 and s["late_replies_dropped"] == 0, s
+    assert s["reconnects"] == 0 and s["chunks"] >= 1, s

@@ -50,7 +50,9 @@ __all__ = ["ActResult", "Handshake", "PolicyClient", "PolicyError"]
 # ids of requests settled, kept to tell a late reply (to one given up) or a duplicate (to
 # one answered) from one naming no request of ours
 SETTLED_KEPT = 256
-DROPPED_KINDS = ("late", "unknown", "duplicate", "undecodable")  # dropped_replies' keys
+# dropped_replies' keys: "late" answers a request given up, but for a heartbeat ping's
+# ("late_ping": the worker slow to answer one, not an answer lost)
+DROPPED_KINDS = ("late", "late_ping", "unknown", "duplicate", "undecodable")
 # The most a reply can legitimately be: a header (framed's own bound on one) and one chunk of
 # the most rows any robot takes (robotd.contract.answers). Far below what requests may be
 # (camera frames, up to wire.MAX_MESSAGE_BYTES): a worker that sends more cannot make the
@@ -68,23 +70,28 @@ class _Pending:
 
 
 class _Recent:
-    """The last `keep` ids added, for membership in O(1): a bounded memory of requests."""
+    """The last `keep` ids added, each with its request's cmd, for look-ups in O(1): a
+    bounded memory of requests."""
 
     def __init__(self, keep: int) -> None:
         self.keep = keep
         self._order: deque[int] = deque()
-        self._ids: set[int] = set()
+        self._cmds: dict[int, str] = {}
 
-    def add(self, rid: int) -> None:
-        if rid in self._ids:
+    def add(self, rid: int, cmd: str = "") -> None:
+        if rid in self._cmds:
             return
         self._order.append(rid)
-        self._ids.add(rid)
+        self._cmds[rid] = cmd
         if len(self._order) > self.keep:
-            self._ids.discard(self._order.popleft())
+            self._cmds.pop(self._order.popleft(), None)
+
+    def cmd(self, rid: int) -> str | None:
+        """The cmd of request `rid`, None when it is not (or no longer) remembered."""
+        return self._cmds.get(rid)
 
     def __contains__(self, rid: object) -> bool:
-        return rid in self._ids
+        return rid in self._cmds
 
 
 class PolicyClient:
@@ -103,9 +110,11 @@ class PolicyClient:
         self.endpoint = endpoint
         self.timeout_s = timeout_s
         # Replies dropped, never handed to a request: to one already given up (timed out,
-        # its connection lost), naming no request this client made, a second one to a
-        # request already answered, and replies that could not be decoded at all.
+        # its connection lost; a heartbeat ping's apart), naming no request this client
+        # made, a second one to a request already answered, and replies that could not be
+        # decoded at all.
         self.late_replies = 0
+        self.late_pings = 0
         self.unknown_replies = 0
         self.duplicate_replies = 0
         self.undecodable_replies = 0
@@ -128,6 +137,7 @@ class PolicyClient:
         """The replies dropped so far, by kind (DROPPED_KINDS)."""
         return {
             "late": self.late_replies,
+            "late_ping": self.late_pings,
             "unknown": self.unknown_replies,
             "duplicate": self.duplicate_replies,
             "undecodable": self.undecodable_replies,
@@ -280,7 +290,7 @@ class PolicyClient:
             if pending.reply is not None:
                 self._answered.add(rid)
             elif popped is not None:  # given up here (cancelled, closed, connection lost)
-                self._abandoned.add(rid)
+                self._abandoned.add(rid, cmd)
         if pending.error is not None:
             raise pending.error
         reply = pending.reply
@@ -304,7 +314,7 @@ class PolicyClient:
         """Request `rid` got no reply in time: its caller raises TimeoutError."""
         pending = self._pending.pop(rid, None)
         if pending is not None and not pending.done:
-            self._abandoned.add(rid)  # a reply may still come: it will be late
+            self._abandoned.add(rid, pending.cmd)  # a reply may still come: it will be late
             _settle(pending, error=TimeoutError(f"no reply within {timeout_s:g} s"))
 
     def _dispatch(self, frames: list[bytes]) -> None:
@@ -338,7 +348,7 @@ class PolicyClient:
     def _drop(self, named: Any, rid: int | None, pending: _Pending | None) -> None:
         """A decoded reply no request waits for (`named`: its id as sent, `rid` that id if
         it is one): a duplicate (its request was answered, perhaps not yet woken), late
-        (given up) or naming no request of ours."""
+        (given up: a heartbeat ping's counted apart) or naming no request of ours."""
         answered = pending is not None and pending.reply is not None
         if rid is not None and (answered or rid in self._answered):
             self.duplicate_replies += 1
@@ -351,14 +361,15 @@ class PolicyClient:
             )
         elif rid is not None and (rid in self._abandoned or pending is not None):
             self.last_heard = time.monotonic()  # slow, but it is the worker answering us
-            self.late_replies += 1
-            self._dropped(
-                "late",
-                "dropped a late reply from %s: request %d had been given up (%d so far)",
-                self.endpoint,
-                rid,
-                self.late_replies,
-            )
+            cmd = pending.cmd if pending is not None else self._abandoned.cmd(rid)
+            if cmd == "ping":  # a heartbeat's wait is short: the worker slow, no answer lost
+                self.late_pings += 1
+                kind, what, n = "late_ping", "heartbeat ping", self.late_pings
+            else:
+                self.late_replies += 1
+                kind, what, n = "late", "request", self.late_replies
+            self._dropped(kind, "dropped a late reply from %s: %s %d had been given up (%d so far)",
+                          self.endpoint, what, rid, n)  # fmt: skip
         else:
             self.unknown_replies += 1
             self._dropped(

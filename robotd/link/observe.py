@@ -22,14 +22,14 @@ from __future__ import annotations
 import logging
 from collections import deque
 from collections.abc import Callable, Container
-from typing import Literal
+from typing import Any, Literal
 
 import anyio
 import zmq
 import zmq.asyncio
 
 from robotd import wire
-from robotd.link.posts import Held, Post, UplinkLimits, parse_ack
+from robotd.link.posts import Held, Post, UplinkLimits, parse_ack, stray_words
 from robotd.link.steps import LinkCounters
 from robotd.repeats import Repeats
 
@@ -288,14 +288,14 @@ class ObserveConnection:
         while True:
             data = await self._sock.recv()
             try:
-                reply = wire.unpackb(data)
-                rid = reply.get("id") if isinstance(reply, dict) else None
-                post = self._unacked.pop(rid, None) if isinstance(rid, int) else None
-            except (wire.WireError, TypeError):
-                post = None
+                reply: Any = wire.unpackb(data)
+            except wire.WireError as err:
+                reply = err
+            rid = reply.get("id") if isinstance(reply, dict) else None
+            post = self._unacked.pop(rid, None) if type(rid) is int else None  # not a bool
             if post is None:
                 self.counters.unknown_acks += 1
-                self.warn("unexpected reply", f"dropped {data!r:.200} (no upload of that id)")
+                self.warn("unexpected reply", stray_words(reply, len(data), self._rid))
                 continue
             try:
                 self._acknowledged(post, reply)

@@ -1,6 +1,7 @@
 """The observe connection's records: what one episode may hold on the worker, one upload
 as packed, the mirror of what the worker holds, and the worker's acknowledgements checked
-(docs/protocol.md, the observe connection)."""
+(docs/protocol.md, the observe connection), or said in words when they acknowledge nothing
+waiting."""
 
 from __future__ import annotations
 
@@ -94,3 +95,29 @@ def parse_ack(reply: dict[str, Any], post: Post) -> tuple[int | None, str | None
             f"({refused!r:.100})"
         )
     return through, refused["message"]
+
+
+def stray_words(reply: Any, nbytes: int, sent: int) -> str:
+    """One bounded sentence saying what an observe reply that acknowledges no upload waiting
+    for it was: `reply` as decoded (or the WireError its bytes raised), `nbytes` its size,
+    `sent` the newest upload id sent (ids run from 1). Whatever the worker sent, never the
+    bytes themselves, and never an exception."""
+    if isinstance(reply, Exception):
+        return f"dropped an undecodable reply ({nbytes} bytes: {str(reply)[:120]})"
+    if not isinstance(reply, dict):
+        return f"dropped a reply that is a {type(reply).__name__}, not a map ({nbytes} bytes)"
+    rid = reply.get("id")
+    if type(rid) is not int:  # a bool is no id (True is not upload 1)
+        return f"dropped a reply naming no upload (its id: {rid!r:.40}; {nbytes} bytes)"
+    if not 1 <= rid <= sent:
+        return f"dropped a reply naming upload {rid}, which was never sent ({nbytes} bytes)"
+    result = reply.get("result")
+    episode = result.get("episode") if isinstance(result, dict) else None
+    step = result.get("step") if isinstance(result, dict) else None
+    said = ""
+    if isinstance(episode, str) and type(step) is int:
+        said = f" (of episode {episode[:64]!r} step {step}, it says)"
+    return (
+        f"dropped the worker's answer to upload {rid}{said}: nothing waits for it any more "
+        "(its episode ended before the answer came, or it was answered already)"
+    )

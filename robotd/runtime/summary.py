@@ -92,7 +92,7 @@ class RunSummary:
         return {"p50": inf.percentile(50), "p99": inf.percentile(99)}
 
     def link_counts(self) -> dict[str, Any]:
-        """reconnects, the replies dropped (late, unknown, duplicate, undecodable),
+        """reconnects, the replies dropped (late, late pings, unknown, duplicate, undecodable),
         unknown_acks, worker_gone_s."""
         if self.session is None:
             return {"reconnects": 0, **_replies({}), "unknown_acks": 0, "worker_gone_s": 0.0}
@@ -180,6 +180,7 @@ def _replies(dropped: dict[str, int]) -> dict[str, int]:
     (robotd.link.client.DROPPED_KINDS; late_replies_dropped's name is older than the rest)."""
     return {
         "late_replies_dropped": dropped.get("late", 0),
+        "late_pings": dropped.get("late_ping", 0),
         "unknown_replies": dropped.get("unknown", 0),
         "duplicate_replies": dropped.get("duplicate", 0),
         "undecodable_replies": dropped.get("undecodable", 0),

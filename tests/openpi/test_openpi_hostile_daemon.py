@@ -35,7 +35,8 @@ GARBAGE = [
 
 
 class Mode:
-    """What the server does with the next request: "good", "garbage" or "hang"."""
+    """What the server does with the next request: "good", "garbage", "hang" or "twice"
+    (its good answer sent twice, the second answering nothing; then "good")."""
 
     kind = "good"
 
@@ -50,6 +51,9 @@ def script(mode: type[Mode]) -> Any:
                 return await peer.hang()
             n += 1
             peer.send(GARBAGE[n % len(GARBAGE)] if mode.kind == "garbage" else GOOD)
+            if mode.kind == "twice":  # once: the server behaves after it
+                mode.kind = "good"
+                peer.send(GOOD)
 
     return serve
 
@@ -151,6 +155,23 @@ def test_a_hostile_server_through_one_run(rig: Any) -> None:
     grows(client, "chunks", 3, "chunks from the server back")
     assert stats(client)["episode_resets"] > resets
     assert link(client)["state"] == "up"
+
+
+def test_frames_that_answer_nothing_are_counted_in_stats_and_status(rig: Any) -> None:
+    """Repro: the openpi link dropped the connection over a frame no request asked for
+    (right), but counted it nowhere: stats said unknown_replies 0, as robotd's own worker
+    link counts them."""
+    d, client, _server = rig
+    grows(client, "chunks", 1, "chunks from the server while it behaves")
+    assert stats(client)["unknown_replies"] == 0
+    Mode.kind = "twice"
+    d.wait_line(r"policy worker gone: ConnectionLost: .*no request asked for", DEADLINE_S)
+    d.wait_line(r"policy worker back after", DEADLINE_S)
+    counted = stats(client)["unknown_replies"]
+    assert counted == 1, stats(client)
+    assert link(client)["server"]["unknown_replies"] == 1, link(client)
+    grows(client, "chunks", 1, "chunks after the reconnect")
+    assert stats(client)["unknown_replies"] == counted  # a reconnect keeps the count
 
 
 def _outlast(client: ControlClient) -> None:

@@ -215,12 +215,16 @@ def test_replies_that_end_the_connection(reply: Any, error: type, words: str) ->
         run(main)
 
 
+ONES = codec.packb({"actions": np.ones((4, 2), np.float32)})
+
+
 def test_a_reply_to_nobody_is_never_taken_for_an_answer() -> None:
     """A frame right after the metadata, before any request: the first act refuses to
-    pair its answer with it."""
+    pair its answer with it, and the frame is counted as a reply naming no request (as the
+    act client counts them: unknown_replies), over every connection. Repro: it was not
+    counted at all."""
 
-    ones = codec.packb({"actions": np.ones((4, 2), np.float32)})
-    with Hostile(answering(unasked=ones)) as server:
+    with Hostile(answering(unasked=ONES)) as server:
 
         async def main() -> None:
             link = OpenpiLink(server.url, FAST)
@@ -228,20 +232,31 @@ def test_a_reply_to_nobody_is_never_taken_for_an_answer() -> None:
             await await_until(lambda: link._conn and link._conn.recv_messages.frames, "frame")
             with pytest.raises(ConnectionLost, match="no request asked for"):
                 await link.act({"x": 1}, DEADLINE_S)
+            assert link.dropped_replies() == {"unknown": 1}
+            assert link.state.as_dict()["unknown_replies"] == 1  # status shows it
+            await link.connect(deadline_s=DEADLINE_S)  # the next connection sends one too
+            await await_until(lambda: link._conn and link._conn.recv_messages.frames, "frame")
+            with pytest.raises(ConnectionLost, match="no request asked for"):
+                await link.act({"x": 1}, DEADLINE_S)
+            assert link.dropped_replies() == {"unknown": 2}
             await link.close()
 
         run(main)
 
 
-def test_a_server_gone_while_idle_is_noticed_with_its_reason() -> None:
+@pytest.mark.parametrize("extra", [False, True])
+def test_a_server_gone_while_idle_is_noticed_with_its_reason(extra: bool) -> None:
     """Repro: a server that closed (or reset) the connection while no act was in flight
     left the link saying connected, in status too, until the next act: for ever when the
-    robot is idle."""
+    robot is idle. With `extra`, a frame nobody asked for came before the close: counted
+    (unknown_replies), though no act came after it."""
 
     async def script(peer: Peer) -> None:
         peer.send(b"\x80")
         await peer.request()
         peer.send(GOOD)
+        if extra:
+            peer.send(ONES)
         await asyncio.sleep(0)
         peer.close(1001, "going away")
 
@@ -254,6 +269,7 @@ def test_a_server_gone_while_idle_is_noticed_with_its_reason() -> None:
             await await_until(lambda: not link.connected, "the idle link noticed the close")
             assert "closed while idle (code 1001 'going away')" in link.state.last_error
             assert link.state.reconnecting_since is not None
+            assert link.dropped_replies() == {"unknown": int(extra)}
             await link.close()
 
         run(main)

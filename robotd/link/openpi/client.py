@@ -26,6 +26,10 @@ Contract:
   connection kept). CodecError before anything is sent for a request that cannot be
   encoded. Cancelling an act closes the connection too. Never hangs, never raises anything
   else because of what the server sent.
+- A frame that answers no request (it came while none was in flight: a reply sent twice,
+  an extra frame) closes the connection before the next request is sent, so that it is
+  never taken for that request's answer; each is counted in `unknown_replies` (the act
+  client's count of replies naming no request: `dropped_replies()`).
 """
 
 from __future__ import annotations
@@ -73,7 +77,8 @@ class LinkState:
     """A snapshot for status: `connected`; `reconnecting_since` (time.time() when the link
     lost or had not yet made its connection, None while connected); `last_error` (the
     newest failure, kept after a reconnect); `connects` (connections made); `acts`
-    (replies received); `metadata` (the server's, JSON-safe, None before the first)."""
+    (replies received); `unknown_replies` (frames that answered no request, over every
+    connection); `metadata` (the server's, JSON-safe, None before the first)."""
 
     endpoint: str
     connected: bool = False
@@ -81,6 +86,7 @@ class LinkState:
     last_error: str = ""
     connects: int = 0
     acts: int = 0
+    unknown_replies: int = 0
     metadata: Any = None
 
     def as_dict(self) -> dict[str, Any]:
@@ -121,6 +127,11 @@ class OpenpiLink:
         if not self._lock.locked():  # an act in flight reports its own connection's end
             self._reap()
         return self._conn is not None
+
+    def dropped_replies(self) -> dict[str, int]:
+        """The replies dropped so far, by kind, as robotd.link.client.DROPPED_KINDS counts
+        them: here only frames that answered no request ("unknown")."""
+        return {"unknown": self._state.unknown_replies}
 
     async def connect(self, *, deadline_s: float | None = None) -> dict[Any, Any]:
         """Connect (see the module contract) and return the server's metadata."""
@@ -241,7 +252,7 @@ class OpenpiLink:
         """Refuse to send while a frame nobody asked for waits (a duplicated or extra
         reply): the next reply read would answer an older request. The connection is
         dropped, so replies and requests pair up again on the next one."""
-        if _pending_frames(conn):
+        if self._count_unasked(conn):
             reason = (
                 "the server sent a frame no request asked for (a duplicated or extra "
                 "reply); connection closed"
@@ -290,7 +301,17 @@ class OpenpiLink:
         conn = self._conn
         if conn is None or conn.state is not State.CLOSED:
             return
+        self._count_unasked(conn)  # sent while idle, before the close: answering nothing
         self._failed(_closed_error(conn.protocol.close_exc, "while idle").message)
+
+    def _count_unasked(self, conn: ClientConnection) -> int:
+        """Frames received while no request was in flight (unread between acts), counted in
+        `unknown_replies`; how many. Called only while no act is reading `conn`."""
+        unasked = _pending_frames(conn)
+        if unasked:
+            was = self._state
+            self._state = replace(was, unknown_replies=was.unknown_replies + unasked)
+        return unasked
 
     def _bad(self, message: str) -> BadReply:
         self._state = replace(self._state, last_error=message)

@@ -29,8 +29,6 @@ class Session(Protocol):
     send_down: Callable[[Any], None]
     task: Callable[[], str]
     counters: LinkCounters
-    health: LinkHealth
-    openpi: Any
 
     def worker_gone(self, reason: str) -> None: ...
 
@@ -82,17 +80,12 @@ async def connect_openpi(
     return OpenpiPeer(link, acts)
 
 
-async def reconnect_openpi(session: Session) -> bool:
-    """One reconnect attempt (the link's own attempt, bounded); True when connected."""
-    peer = session.openpi
-    assert peer is not None
+async def reconnect_openpi(peer: OpenpiPeer, cfg: Config, health: LinkHealth) -> bool:
+    """One reconnect attempt (the link's own attempt, bounded by the config's connect
+    timeout, 1 s at least); True when connected, else the failure told to `health`."""
     try:
-        await peer.link.connect(deadline_s=cfg_timeout(session))
+        await peer.link.connect(deadline_s=max(1.0, cfg.policy.openpi.connect_timeout_s))
     except ConnectionLost as exc:
-        session.health.failed(exc.message)
+        health.failed(exc.message)
         return False
     return True
-
-
-def cfg_timeout(session: Session) -> float:
-    return max(1.0, session.cfg.policy.openpi.connect_timeout_s)
