@@ -70,8 +70,9 @@ def test_an_answer_to_an_upload_of_an_ended_episode_is_said_in_words(
 ) -> None:
     """Repro: "upload unexpected reply: dropped b'\\x83\\xa2id\\x04...' (no upload of that
     id)" after a SIGSTOP/SIGCONT of the daemon. The answer of an upload whose episode ended
-    meanwhile is now a sentence naming it; the junk after it is counted (and said in words,
-    once a while), a bool id is no upload's id, and the live upload's own answer counts."""
+    meanwhile is expected (no warning, not counted: every episode that ends with uploads
+    in flight meets it); the junk after it is counted (and said in words, once a while), a
+    bool id is no upload's id, and the live upload's own answer counts."""
 
     def frames(uploads: list[dict[str, Any]]) -> list[bytes]:
         live, ended = uploads
@@ -98,7 +99,7 @@ def test_an_answer_to_an_upload_of_an_ended_episode_is_said_in_words(
             await until(lambda: len(fake.uploads) == 2, "both uploads at the worker")
             conn.end("W")  # the episode ends while its upload's answer is on its way
             fake.release.set()
-            await until(lambda: counters.unknown_acks == 6, "every stray reply counted")
+            await until(lambda: counters.unknown_acks == 5, "every stray reply counted")
             await until(lambda: conn.through("V") == 3, "the live upload's own answer")
             tg.cancel_scope.cancel()
 
@@ -108,11 +109,10 @@ def test_an_answer_to_an_upload_of_an_ended_episode_is_said_in_words(
     finally:
         fake.close()
     said = [r.getMessage() for r in caplog.records]
-    assert said == [
-        "upload unexpected reply: dropped the worker's answer to upload 2 (of episode 'W' "
-        "step 7, it says): nothing waits for it any more (its episode ended before the answer "
-        "came, or it was answered already)"
-    ], said  # the rest within the next 5 s: counted, said later with how many
+    assert len(said) == 1, said  # the rest within the next 5 s: counted, said later
+    assert said[0].startswith(
+        "upload unexpected reply: dropped a reply naming no upload (its id: True; "
+    ), said
 
 
 @pytest.mark.parametrize(

@@ -36,6 +36,7 @@ from robotd.repeats import Repeats
 log = logging.getLogger("robotd.link")
 
 _WARN_EVERY_S = 5.0
+ENDED_KEPT = 1024  # answers still expected from ended episodes' uploads (more: strays)
 
 
 class Signal:
@@ -75,6 +76,9 @@ class ObserveConnection:
         self._held: dict[str, Held] = {}
         self._posts: tuple[deque[Post], deque[Post]] = (deque(), deque())  # urgent, in order
         self._unacked: dict[int, Post] = {}
+        # uploads whose episode ended before their answer came (oldest first, bounded): that
+        # answer is expected, not a stray
+        self._ended: dict[int, str] = {}
         self._rid = 0
         # One signal for "a post was queued" and "room was made": the send loop waits on
         # both at once (an urgent post must go even while an ordinary one waits for room).
@@ -158,7 +162,11 @@ class ObserveConnection:
     def end(self, wep: str) -> None:
         """Nothing more of `wep` goes up; what is queued of it is dropped."""
         self._held.pop(wep, None)
-        self._unacked = {rid: p for rid, p in self._unacked.items() if p.wep != wep}
+        for rid in [rid for rid, p in self._unacked.items() if p.wep == wep]:
+            del self._unacked[rid]
+            self._ended[rid] = wep
+        while len(self._ended) > ENDED_KEPT:
+            del self._ended[next(iter(self._ended))]
         self._wake.set()
 
     def through(self, wep: str) -> int:
@@ -293,6 +301,9 @@ class ObserveConnection:
                 reply = err
             rid = reply.get("id") if isinstance(reply, dict) else None
             post = self._unacked.pop(rid, None) if type(rid) is int else None  # not a bool
+            if post is None and type(rid) is int and (wep := self._ended.pop(rid, None)):
+                log.debug("observe connection: upload %d of ended episode %r answered", rid, wep)
+                continue
             if post is None:
                 self.counters.unknown_acks += 1
                 self.warn("unexpected reply", stray_words(reply, len(data), self._rid))
