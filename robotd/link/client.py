@@ -18,7 +18,6 @@ import asyncio
 import itertools
 import logging
 import time
-from collections import deque
 from dataclasses import dataclass
 from typing import Any
 
@@ -27,6 +26,7 @@ import anyio
 from robotd import framed, wire
 from robotd.contract.answers import MAX_ANSWER_BYTES
 from robotd.link.dealer import DealerClosed, LoopDealer
+from robotd.link.dropped import DroppedReplies
 from robotd.link.replies import (
     PROTOCOL,
     ActReply,
@@ -39,20 +39,12 @@ from robotd.link.replies import (
     unwrap,
 )
 from robotd.link.stream_dealer import StreamDealer
-from robotd.repeats import Repeats
 from robotd.stream.endpoint import is_stream
 
 log = logging.getLogger("robotd.link")
-DROPPED_QUIET_S = 10.0
 
 __all__ = ["ActResult", "Handshake", "PolicyClient", "PolicyError"]
 
-# ids of requests settled, kept to tell a late reply (to one given up) or a duplicate (to
-# one answered) from one naming no request of ours
-SETTLED_KEPT = 256
-# dropped_replies' keys: "late" answers a request given up, but for a heartbeat ping's
-# ("late_ping": the worker slow to answer one, not an answer lost)
-DROPPED_KINDS = ("late", "late_ping", "unknown", "duplicate", "undecodable")
 # The most a reply can legitimately be: a header (framed's own bound on one) and one chunk of
 # the most rows any robot takes (robotd.contract.answers). Far below what requests may be
 # (camera frames, up to wire.MAX_MESSAGE_BYTES): a worker that sends more cannot make the
@@ -67,31 +59,6 @@ class _Pending:
     done: bool = False
     reply: dict[str, Any] | ActReply | None = None
     error: BaseException | None = None
-
-
-class _Recent:
-    """The last `keep` ids added, each with its request's cmd, for look-ups in O(1): a
-    bounded memory of requests."""
-
-    def __init__(self, keep: int) -> None:
-        self.keep = keep
-        self._order: deque[int] = deque()
-        self._cmds: dict[int, str] = {}
-
-    def add(self, rid: int, cmd: str = "") -> None:
-        if rid in self._cmds:
-            return
-        self._order.append(rid)
-        self._cmds[rid] = cmd
-        if len(self._order) > self.keep:
-            self._cmds.pop(self._order.popleft(), None)
-
-    def cmd(self, rid: int) -> str | None:
-        """The cmd of request `rid`, None when it is not (or no longer) remembered."""
-        return self._cmds.get(rid)
-
-    def __contains__(self, rid: object) -> bool:
-        return rid in self._cmds
 
 
 class PolicyClient:
@@ -109,18 +76,8 @@ class PolicyClient:
     ) -> None:
         self.endpoint = endpoint
         self.timeout_s = timeout_s
-        # Replies dropped, never handed to a request: to one already given up (timed out,
-        # its connection lost; a heartbeat ping's apart), naming no request this client
-        # made, a second one to a request already answered, and replies that could not be
-        # decoded at all.
-        self.late_replies = 0
-        self.late_pings = 0
-        self.unknown_replies = 0
-        self.duplicate_replies = 0
-        self.undecodable_replies = 0
-        self._drops = Repeats(DROPPED_QUIET_S)  # their log lines, per kind
-        self._abandoned = _Recent(SETTLED_KEPT)  # given up: a reply may still come, late
-        self._answered = _Recent(SETTLED_KEPT)  # a reply settled them: another is a duplicate
+        # replies never handed to a request, counted by kind (robotd.link.dropped)
+        self.dropped = DroppedReplies(endpoint)
         kind = StreamDealer if is_stream(endpoint) else LoopDealer
         self._dealer: LoopDealer | StreamDealer = kind(
             endpoint, self._dispatch, max_message_bytes=max_reply_bytes
@@ -134,14 +91,8 @@ class PolicyClient:
         self.last_heard = time.monotonic()  # when the worker last sent anything (its liveness)
 
     def dropped_replies(self) -> dict[str, int]:
-        """The replies dropped so far, by kind (DROPPED_KINDS)."""
-        return {
-            "late": self.late_replies,
-            "late_ping": self.late_pings,
-            "unknown": self.unknown_replies,
-            "duplicate": self.duplicate_replies,
-            "undecodable": self.undecodable_replies,
-        }
+        """The replies dropped so far, by kind (robotd.link.dropped.DROPPED_KINDS)."""
+        return dict(self.dropped.counts)
 
     @property
     def connect_error(self) -> str:
@@ -288,9 +239,9 @@ class PolicyClient:
             timer.cancel()
             popped = self._pending.pop(rid, None)
             if pending.reply is not None:
-                self._answered.add(rid)
+                self.dropped.settled(rid, cmd, answered=True)
             elif popped is not None:  # given up here (cancelled, closed, connection lost)
-                self._abandoned.add(rid, cmd)
+                self.dropped.settled(rid, cmd, answered=False)
         if pending.error is not None:
             raise pending.error
         reply = pending.reply
@@ -314,7 +265,7 @@ class PolicyClient:
         """Request `rid` got no reply in time: its caller raises TimeoutError."""
         pending = self._pending.pop(rid, None)
         if pending is not None and not pending.done:
-            self._abandoned.add(rid, pending.cmd)  # a reply may still come: it will be late
+            self.dropped.settled(rid, pending.cmd, answered=False)  # a reply may come late
             _settle(pending, error=TimeoutError(f"no reply within {timeout_s:g} s"))
 
     def _dispatch(self, frames: list[bytes]) -> None:
@@ -332,9 +283,7 @@ class PolicyClient:
         try:
             reply = framed.unpack(frames)
         except wire.WireError as err:
-            self.undecodable_replies += 1
-            self._dropped("undecodable", "dropped an undecodable reply from %s: %s (%d so far)",
-                          self.endpoint, err, self.undecodable_replies)  # fmt: skip
+            self.dropped.undecodable(err)
             return
         named = reply.get("id") if isinstance(reply, dict) else None
         rid = named if type(named) is int else None  # a bool is no id (True is not 1)
@@ -343,49 +292,10 @@ class PolicyClient:
             self.last_heard = time.monotonic()
             _settle(pending, reply=reply)
         else:
-            self._drop(named, rid, pending)
-
-    def _drop(self, named: Any, rid: int | None, pending: _Pending | None) -> None:
-        """A decoded reply no request waits for (`named`: its id as sent, `rid` that id if
-        it is one): a duplicate (its request was answered, perhaps not yet woken), late
-        (given up: a heartbeat ping's counted apart) or naming no request of ours."""
-        answered = pending is not None and pending.reply is not None
-        if rid is not None and (answered or rid in self._answered):
-            self.duplicate_replies += 1
-            self._dropped(
-                "duplicate",
-                "dropped a second reply from %s: request %d was answered already (%d so far)",
-                self.endpoint,
-                rid,
-                self.duplicate_replies,
-            )
-        elif rid is not None and (rid in self._abandoned or pending is not None):
-            self.last_heard = time.monotonic()  # slow, but it is the worker answering us
-            cmd = pending.cmd if pending is not None else self._abandoned.cmd(rid)
-            if cmd == "ping":  # a heartbeat's wait is short: the worker slow, no answer lost
-                self.late_pings += 1
-                kind, what, n = "late_ping", "heartbeat ping", self.late_pings
-            else:
-                self.late_replies += 1
-                kind, what, n = "late", "request", self.late_replies
-            self._dropped(kind, "dropped a late reply from %s: %s %d had been given up (%d so far)",
-                          self.endpoint, what, rid, n)  # fmt: skip
-        else:
-            self.unknown_replies += 1
-            self._dropped(
-                "unknown",
-                "dropped a reply from %s naming no request of ours (id %.40r; %d so far)",
-                self.endpoint,
-                named,
-                self.unknown_replies,
-            )
-
-    def _dropped(self, kind: str, text: str, *args: Any) -> None:
-        """A dropped reply, logged at once and then at most every DROPPED_QUIET_S per kind
-        (with how many went unsaid): a worker that floods replies cannot flood the log."""
-        said = self._drops.say(kind)
-        if said is not None:
-            log.warning(text + "%s", *args, said.tail)
+            waiting = pending.cmd if pending is not None else None
+            answered = pending is not None and pending.reply is not None
+            if self.dropped.drop(named, rid, waiting, answered):
+                self.last_heard = time.monotonic()  # slow, but it is the worker answering us
 
 
 def _settle(

@@ -25,8 +25,9 @@ import anyio.abc
 from robotd.config import Config
 from robotd.contract import Actions, ContractError
 from robotd.lane.messages import ActFailed, Ask, Contract, Merged, Status, Step
-from robotd.link.client import DROPPED_KINDS, Handshake, PolicyClient, PolicyError
+from robotd.link.client import Handshake, PolicyClient, PolicyError
 from robotd.link.connect import HELLO_DEADLINE_S, PolicyLink, StartupError, build_link, hello
+from robotd.link.dropped import DROPPED_KINDS
 from robotd.link.frame_tap import FrameTap
 from robotd.link.health import LinkHealth
 from robotd.link.steps import LinkCounters, StepRing

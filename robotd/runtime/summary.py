@@ -177,7 +177,7 @@ class RunSummary:
 
 def _replies(dropped: dict[str, int]) -> dict[str, int]:
     """The summary's keys for the replies the act client dropped, by kind
-    (robotd.link.client.DROPPED_KINDS; late_replies_dropped's name is older than the rest)."""
+    (robotd.link.dropped.DROPPED_KINDS; late_replies_dropped's name is older than the rest)."""
     return {
         "late_replies_dropped": dropped.get("late", 0),
         "late_pings": dropped.get("late_ping", 0),

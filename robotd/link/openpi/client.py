@@ -129,7 +129,7 @@ class OpenpiLink:
         return self._conn is not None
 
     def dropped_replies(self) -> dict[str, int]:
-        """The replies dropped so far, by kind, as robotd.link.client.DROPPED_KINDS counts
+        """The replies dropped so far, by kind, as robotd.link.dropped.DROPPED_KINDS counts
         them: here only frames that answered no request ("unknown")."""
         return {"unknown": self._state.unknown_replies}
 
