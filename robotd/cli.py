@@ -157,6 +157,13 @@ def _copies_arguments(serve: argparse.ArgumentParser) -> None:
         f"its episode lost (at least {HANG_MIN_S:g} s; keep it below the robot's patience)",
     )
     serve.add_argument(
+        "--first-call-s",
+        type=_hang_seconds,
+        default=60.0,
+        help="a copy's first call (its policy's warm-up: JIT compilation, CUDA kernels) is a "
+        "hang only past this, when longer than --hang-s",
+    )
+    serve.add_argument(
         "--start-s", type=float, default=120.0, help="a copy not ready this long is given up"
     )
     serve.add_argument(
@@ -258,6 +265,7 @@ def _serve(args: argparse.Namespace) -> int:
             copies=(0 if args.inline else 1) if args.copies is None else args.copies,
             inline=args.inline,
             hang_s=args.hang_s,
+            first_call_s=args.first_call_s,
             start_s=args.start_s,
             memory_bytes=args.copy_memory_mib * MB,
         )

@@ -181,7 +181,13 @@ def test_hello_lists_the_params_and_params_apply_from_the_next_episode(steady: W
     c = steady.client
     hello = c.request({"cmd": "hello"})["result"]
     assert set(hello["features"]) >= {"ping", "params", "episode_lost"}
-    assert hello["copies"] == {"count": 2, "isolated": True, "inline": False, "hang_s": 60.0}
+    assert hello["copies"] == {
+        "count": 2,
+        "isolated": True,
+        "inline": False,
+        "hang_s": 60.0,
+        "first_call_s": 60.0,
+    }
     params = {p["name"]: p for p in hello["params"]}
     assert set(params) == {"gain", "label", "fast", "speed", "limit"}  # not `buffer`
     assert params["gain"] == {
@@ -323,7 +329,7 @@ def test_copies_go_when_the_worker_is_killed() -> None:
 def test_a_hung_thread_copy_is_reported_and_replaced() -> None:
     """--copies 0 (no isolation): the hung thread cannot be killed, but its episode is lost
     all the same, a new thread copy serves, and the worker still stops cleanly."""
-    worker = Worker("copy_policies:Faulty", "--copies", "0", "--hang-s", "1")
+    worker = Worker("copy_policies:Faulty", "--copies", "0", "--hang-s", "1", "--first-call-s", "1")
     c = worker.client
     try:
         assert c.request({"cmd": "hello"})["result"]["copies"]["isolated"] is False
@@ -337,7 +343,7 @@ def test_a_hung_thread_copy_is_reported_and_replaced() -> None:
 
 
 def test_calls_queued_for_a_copy_are_bounded_and_all_answered_when_it_hangs() -> None:
-    worker = Worker("copy_policies:Faulty", "--copies", "1", "--hang-s", "2")
+    worker = Worker("copy_policies:Faulty", "--copies", "1", "--hang-s", "2", "--first-call-s", "2")
     c = worker.client
     try:
         first = c.act("Q1", 0, mode="hang")

@@ -49,3 +49,18 @@ def test_a_hang_on_the_floor_is_served_and_said_in_hello():
         assert hello["copies"]["hang_s"] == HANG_MIN_S
     finally:
         worker.stop()
+
+
+@pytest.mark.parametrize("seconds", ["0.05", "600.5"])
+def test_a_first_call_allowance_out_of_bounds_is_refused_naming_the_key(seconds):
+    with pytest.raises(ConfigError) as err:
+        load_config(None, [f"policy.first_call_s={seconds}"])
+    assert str(err.value).startswith("--set policy.first_call_s: must be "), err.value
+
+
+def test_the_local_worker_is_given_the_configs_first_call_allowance():
+    from robotd.runtime.children import worker_argv
+
+    argv = worker_argv(load_config(None, ["policy.first_call_s=90"]), "ipc:///tmp/w.sock")
+    assert argv[argv.index("--first-call-s") + 1] == "90.0"
+    assert "--first-call-s" in worker_argv(load_config(None), "ipc:///tmp/w.sock")

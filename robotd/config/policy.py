@@ -77,6 +77,9 @@ class PolicyConfig(ConfigModel):
     # (shorter than control.max_hold_steps / hz; unset, capped at half of it: model.py)
     copies: int = Field(2, ge=0, le=16)
     hang_s: float = 5.0  # HANG_MIN_S to HANG_MAX_S (_hang: the serve command's words too)
+    # a copy's first call, its policy's warm-up (JIT compilation, CUDA kernels, caches: tens
+    # of seconds once), is a hang only past this when longer than hang_s; same bounds
+    first_call_s: float = 60.0
     # uploads one episode may hold on the worker (in flight), lowered to the worker's own
     max_episode_frames: int = Field(1024, ge=1)
     max_episode_bytes: int = Field(64 << 20, ge=1)
@@ -90,7 +93,7 @@ class PolicyConfig(ConfigModel):
     def _old_link_name(cls, value: Any) -> Any:
         return "robotd" if value == "zmq" else value
 
-    @field_validator("hang_s")
+    @field_validator("hang_s", "first_call_s")
     @classmethod
     def _hang(cls, value: float) -> float:
         problem = hang_floor_problem(value)

@@ -128,6 +128,8 @@ def worker_argv(cfg: Config, endpoint: str) -> list[str]:
         str(p.copies),
         "--hang-s",
         str(p.hang_s),
+        "--first-call-s",
+        str(p.first_call_s),
     )
 
 

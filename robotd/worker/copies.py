@@ -135,7 +135,10 @@ class Copies:
                 slot.runner.kill()
                 task = slot.current
                 what = f"the act at step {task.step}" if task and task.kind == "act" else "end"
-                text = f"hung: no answer to {what} within {self.options.hang_s:g} s (killed)"
+                text = f"hung: no answer to {what} within {self.allowance(slot):g} s"
+                if not slot.warm and self.options.first_call_s > self.options.hang_s:
+                    text += " (its first call: first_call_s; later ones hang_s)"
+                text += " (killed)"
                 self.lose(slot, Loss("hung", text), now)
             elif slot.state == "starting" and now - slot.started > self.options.start_s:
                 slot.runner.kill()
@@ -239,12 +242,18 @@ class Copies:
         self.ready_message = {k: msg.get(k) for k in _SAME}
         return None
 
+    def allowance(self, slot: Slot) -> float:
+        """How long `slot`'s call may take before it is a hang: hang_s, or first_call_s
+        (when longer) until the copy answered once."""
+        o = self.options
+        return o.hang_s if slot.warm else max(o.hang_s, o.first_call_s)
+
     def send(self, slot: Slot, frames: list[Any]) -> None:
-        """A call to `slot`: sent now, to be answered within hang_s."""
+        """A call to `slot`: sent now, to be answered within its allowance."""
         assert slot.current is not None
         slot.runner.channel.send(frames)
         slot.current.sent = time.perf_counter()
-        slot.deadline = time.monotonic() + self.options.hang_s
+        slot.deadline = time.monotonic() + self.allowance(slot)
         self.due = min(self.due, slot.deadline)
 
     def stop(self, grace_s: float = 2.0) -> None:

@@ -33,6 +33,7 @@ def health(
             "starting": count("starting"),
             "isolated": pool.options.copies > 0,
             "hang_s": pool.options.hang_s,
+            "first_call_s": pool.options.first_call_s,
         },
         "copies": copies,
         "counts": {**pool.copies.counts, "episodes_lost": pool.episodes_lost},

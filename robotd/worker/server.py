@@ -226,6 +226,7 @@ class _Server:
                 "isolated": self.options.copies > 0,
                 "inline": self.options.inline,
                 "hang_s": self.options.hang_s,
+                "first_call_s": self.options.first_call_s,
             },
         }
         self.pool = pool

@@ -19,8 +19,10 @@ class CopyOptions:
     """`copies`: copy processes kept running (each holds one episode at a time; the idle ones
     are warm spares); 0: one copy in a thread of the worker, without isolation. `hang_s`: a
     call into a copy (an act with its reset, an end) unanswered this long is a hang: the copy
-    is killed and its episode lost. `start_s`: a copy not ready this long after it started
-    is given up. `memory_bytes`: each copy process's address-space limit (RLIMIT_AS; 0:
+    is killed and its episode lost; `first_call_s` replaces it for a copy's first call (its
+    policy's warm-up: JIT compilation, CUDA kernels, caches, which can take tens of seconds
+    once and never again), when longer. `start_s`: a copy not ready this long after it
+    started is given up. `memory_bytes`: each copy process's address-space limit (RLIMIT_AS; 0:
     none), so that a runaway allocation is a MemoryError in the copy, not an OOM kill.
     `inline` (with copies=0): the copy is the worker's poll loop itself, each act a plain
     call (robotd.worker.runners.InlineRunner): the shortest round trip, and nothing watched
@@ -28,6 +30,7 @@ class CopyOptions:
 
     copies: int = 1
     hang_s: float = 5.0
+    first_call_s: float = 60.0
     start_s: float = 120.0
     memory_bytes: int = 0
     inline: bool = False
@@ -39,6 +42,8 @@ class CopyOptions:
             raise ValueError(f"inline runs one copy in the worker: copies is {self.copies}, not 0")
         if not 0 < self.hang_s <= 3600:
             raise ValueError(f"hang_s: {self.hang_s} s is not in (0, 3600]")
+        if not 0 < self.first_call_s <= 3600:
+            raise ValueError(f"first_call_s: {self.first_call_s} s is not in (0, 3600]")
         if not 0 < self.start_s <= 86400:
             raise ValueError(f"start_s: {self.start_s} s is not in (0, 86400]")
         if self.memory_bytes < 0:
@@ -83,6 +88,11 @@ class Slot:
     last_used: float = 0.0
     ready_at: float | None = None
     sample_at: float = 0.0
+
+    @property
+    def warm(self) -> bool:
+        """It answered a call: its policy's warm-up is behind it."""
+        return self.answered > 0
 
     @property
     def idle(self) -> bool:
