@@ -46,16 +46,15 @@ from typing import Any
 import anyio
 from websockets.asyncio.client import ClientConnection
 from websockets.asyncio.client import connect as ws_connect
-from websockets.exceptions import ConnectionClosed, InvalidStatus, WebSocketException
+from websockets.exceptions import ConnectionClosed, WebSocketException
 from websockets.protocol import State
 
-from robotd.link.openpi import codec
+from robotd.link.openpi import codec, wire
 from robotd.link.openpi.errors import (
     ActTimeout,
     BadReply,
     CodecError,
     ConnectionLost,
-    OpenpiError,
     ServerError,
 )
 from robotd.link.openpi.health import Endpoint, not_ready, tls_context
@@ -64,9 +63,7 @@ from robotd.link.openpi.shown import json_safe
 
 log = logging.getLogger("robotd.link.openpi")
 
-MAX_SERVER_TEXT = 64 << 10  # characters of a server's traceback kept
 CLOSE_TIMEOUT_S = 2.0  # a graceful close waits this long for the server's close frame
-INTERNAL_ERROR = 1011
 # Frames websockets queues unread before it stops reading the socket (its default, 16,
 # lets a server that floods frames between acts park 16 x max_reply_bytes in memory).
 MAX_QUEUED_FRAMES = 2
@@ -148,7 +145,7 @@ class OpenpiLink:
             try:
                 return await self._attempt()
             except (OSError, TimeoutError, WebSocketException, ServerError, BadReply) as exc:
-                self._failed(_describe(exc))
+                self._failed(wire.describe(exc))
             left = None if deadline_s is None else deadline_s - (time.monotonic() - start)
             if left is not None and left <= 0:
                 raise ConnectionLost(
@@ -172,10 +169,10 @@ class OpenpiLink:
             try:
                 metadata = await self._metadata(conn)
             except BaseException:
-                _abort(conn)
+                wire.abort(conn)
                 raise
         if self._closed:  # close() was called meanwhile
-            _abort(conn)
+            wire.abort(conn)
             self._require_open()
         self._conn, self.metadata = conn, metadata
         self._state = replace(
@@ -210,9 +207,9 @@ class OpenpiLink:
         try:
             frame = await conn.recv()
         except ConnectionClosed as exc:
-            raise _closed_error(exc, "before sending its metadata") from None
+            raise wire.closed_error(exc, "before sending its metadata") from None
         if isinstance(frame, str):
-            raise _server_text(frame, "instead of its metadata")
+            raise wire.server_text(frame, "instead of its metadata")
         try:
             metadata = codec.unpackb(frame, max_bytes=self.options.max_reply_bytes)
         except CodecError as exc:
@@ -236,7 +233,7 @@ class OpenpiLink:
             self._failed(reason)
             raise ActTimeout(f"{self.endpoint.url}: {reason}")
         if isinstance(frame, str):
-            err = _server_text(frame, "instead of a reply")
+            err = wire.server_text(frame, "instead of a reply")
             self._drop(err.message)
             raise err
         try:
@@ -265,7 +262,7 @@ class OpenpiLink:
             await conn.send(payload)
             return await conn.recv()
         except ConnectionClosed as exc:
-            err = _closed_error(exc, "during an act")
+            err = wire.closed_error(exc, "during an act")
             self._drop(err.message)
             raise err from None
         except BaseException:  # timed out or cancelled mid-act: never read a late reply
@@ -279,7 +276,7 @@ class OpenpiLink:
         if conn is not None:
             with anyio.move_on_after(CLOSE_TIMEOUT_S + 0.5):
                 await conn.close()
-            _abort(conn)
+            wire.abort(conn)
         self._state = replace(self._state, connected=False)
 
     def _require_open(self) -> None:
@@ -302,12 +299,12 @@ class OpenpiLink:
         if conn is None or conn.state is not State.CLOSED:
             return
         self._count_unasked(conn)  # sent while idle, before the close: answering nothing
-        self._failed(_closed_error(conn.protocol.close_exc, "while idle").message)
+        self._failed(wire.closed_error(conn.protocol.close_exc, "while idle").message)
 
     def _count_unasked(self, conn: ClientConnection) -> int:
         """Frames received while no request was in flight (unread between acts), counted in
         `unknown_replies`; how many. Called only while no act is reading `conn`."""
-        unasked = _pending_frames(conn)
+        unasked = wire.pending_frames(conn)
         if unasked:
             was = self._state
             self._state = replace(was, unknown_replies=was.unknown_replies + unasked)
@@ -328,7 +325,7 @@ class OpenpiLink:
         """Abort the connection, if any; `reason` becomes the last error (None: kept)."""
         conn, self._conn = self._conn, None
         if conn is not None:
-            _abort(conn)
+            wire.abort(conn)
         was = self._state
         self._state = replace(
             was,
@@ -336,55 +333,3 @@ class OpenpiLink:
             reconnecting_since=was.reconnecting_since or time.time(),
             last_error=was.last_error if reason is None else reason,
         )
-
-
-def _pending_frames(conn: ClientConnection) -> int:
-    """Frames received and not yet read (websockets' assembler queue; 0 if it moved)."""
-    frames = getattr(getattr(conn, "recv_messages", None), "frames", None)
-    try:
-        return len(frames) if frames is not None else 0
-    except TypeError:
-        return 0
-
-
-def _abort(conn: ClientConnection) -> None:
-    """Close at once, without a closing handshake: nothing more is read from it."""
-    transport = getattr(conn, "transport", None)
-    if transport is not None:
-        transport.abort()
-
-
-def _server_text(text: str, when: str) -> ServerError:
-    kept = text[:MAX_SERVER_TEXT]
-    last = next((ln for ln in reversed(kept.strip().splitlines()) if ln.strip()), "")
-    return ServerError(f"server error {when}: {last[:300] or '(empty text frame)'}", kept)
-
-
-def _closed_error(exc: ConnectionClosed, when: str) -> ServerError | ConnectionLost:
-    rcvd = exc.rcvd
-    if rcvd is not None and rcvd.code == INTERNAL_ERROR:
-        reason = rcvd.reason[:MAX_SERVER_TEXT]
-        return ServerError(
-            f"server closed with 1011 (internal error) {when}: {reason[:300]}", reason, 1011
-        )
-    if rcvd is not None:
-        how = f"code {rcvd.code} {rcvd.reason[:200]!r}"
-    elif exc.sent is not None:  # e.g. 1009: the server's frame was over max_reply_bytes
-        how = f"closed by robotd: code {exc.sent.code} {exc.sent.reason[:200]!r}"
-    else:
-        how = "no close frame"
-    return ConnectionLost(f"connection closed {when} ({how})")
-
-
-def _describe(exc: BaseException) -> str:
-    if isinstance(exc, OpenpiError):
-        return exc.message
-    if isinstance(exc, InvalidStatus):
-        status = exc.response.status_code
-        if status in (401, 403):
-            return f"the server refused the API key (HTTP {status})"
-        return f"the handshake was refused (HTTP {status})"
-    if isinstance(exc, TimeoutError):
-        return "no connection and metadata within the connect timeout"
-    text = getattr(exc, "message", None) or str(exc) or type(exc).__name__
-    return f"{type(exc).__name__}: {text}"[:500]
