@@ -3,7 +3,9 @@
 Used from the main process's event loop (anyio on asyncio/uvloop):
 
     link = OpenpiLink("ws://gpu-box:8000", options)   # ValueError for a bad endpoint/key env
+    link.warmup_request = request                     # optional: warm up after each connect
     metadata = await link.connect()                   # retries until connected (or deadline)
+    tg.start_soon(link.warm_up)                       # after each connect (acts wait for it)
     reply = await link.act(request, timeout_s=10)     # one request in flight
     link.state                                        # LinkState: connected, since, error
     await link.close()
@@ -30,6 +32,12 @@ Contract:
   an extra frame) closes the connection before the next request is sent, so that it is
   never taken for that request's answer; each is counted in `unknown_replies` (the act
   client's count of replies naming no request: `dropped_replies()`).
+- The warm-up (robotd.link.openpi.warmup says why): with `warmup_request` set and
+  options.warmup_s > 0, each connect holds acts (they wait before their own timeout
+  starts) until `warm_up()` sent that request and its reply came (discarded), or warmup_s
+  passed, or it failed. One that times out keeps the connection: its reply is owed, and
+  dropped when it comes (read before the next act's own reply: the server answers in
+  order). It never raises; what became of it is logged and in `warmup.words()`.
 """
 
 from __future__ import annotations
@@ -40,7 +48,7 @@ import random
 import ssl
 import time
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass, replace
+from dataclasses import replace
 from typing import Any
 
 import anyio
@@ -59,7 +67,8 @@ from robotd.link.openpi.errors import (
 )
 from robotd.link.openpi.health import Endpoint, not_ready, tls_context
 from robotd.link.openpi.options import OpenpiOptions
-from robotd.link.openpi.shown import json_safe
+from robotd.link.openpi.shown import LinkState, json_safe
+from robotd.link.openpi.warmup import Warmup
 
 log = logging.getLogger("robotd.link.openpi")
 
@@ -67,27 +76,6 @@ CLOSE_TIMEOUT_S = 2.0  # a graceful close waits this long for the server's close
 # Frames websockets queues unread before it stops reading the socket (its default, 16,
 # lets a server that floods frames between acts park 16 x max_reply_bytes in memory).
 MAX_QUEUED_FRAMES = 2
-
-
-@dataclass(frozen=True)
-class LinkState:
-    """A snapshot for status: `connected`; `reconnecting_since` (time.time() when the link
-    lost or had not yet made its connection, None while connected); `last_error` (the
-    newest failure, kept after a reconnect); `connects` (connections made); `acts`
-    (replies received); `unknown_replies` (frames that answered no request, over every
-    connection); `metadata` (the server's, JSON-safe, None before the first)."""
-
-    endpoint: str
-    connected: bool = False
-    reconnecting_since: float | None = None
-    last_error: str = ""
-    connects: int = 0
-    acts: int = 0
-    unknown_replies: int = 0
-    metadata: Any = None
-
-    def as_dict(self) -> dict[str, Any]:
-        return asdict(self)
 
 
 class OpenpiLink:
@@ -109,6 +97,12 @@ class OpenpiLink:
         self._rng = random.Random()
         self.metadata: dict[Any, Any] | None = None
         self._state = LinkState(endpoint, reconnecting_since=time.time())
+        # the warm-up: its request (None: none), its gate and state (`wait()`, `words()`),
+        # and the replies owed on this connection to warm-ups that timed out
+        self.warmup_request: Mapping[str, Any] | None = None
+        self.warmup = Warmup(self.options.warmup_s, self.options.max_reply_bytes)
+        self._warm_gate: anyio.Event | None = None
+        self._owed = 0
 
     @property
     def state(self) -> LinkState:
@@ -175,6 +169,8 @@ class OpenpiLink:
             wire.abort(conn)
             self._require_open()
         self._conn, self.metadata = conn, metadata
+        if self.warmup_request is not None:  # before any act can be sent on it
+            self._warm_gate = self.warmup.arm(self._state.acts)
         self._state = replace(
             self._state,
             connected=True,
@@ -223,9 +219,11 @@ class OpenpiLink:
         if not timeout_s > 0:
             raise ValueError(f"timeout_s must be > 0, got {timeout_s}")
         payload = self._encoder.encode(request)  # CodecError: nothing sent
+        await self.warmup.wait()  # before the act's own timeout: it is not the act's time
         with anyio.move_on_after(timeout_s) as scope:
             async with self._lock:
                 conn = self._require_conn()
+                await self._settle_owed(conn)
                 self._require_in_step(conn)
                 frame = await self._exchange(conn, payload)
         if scope.cancelled_caught:
@@ -260,6 +258,8 @@ class OpenpiLink:
     async def _exchange(self, conn: ClientConnection, payload: bytes) -> str | bytes:
         try:
             await conn.send(payload)
+            while self._owed:  # a timed-out warm-up's reply comes first: dropped
+                self._late_warmup(await conn.recv())
             return await conn.recv()
         except ConnectionClosed as exc:
             err = wire.closed_error(exc, "during an act")
@@ -268,6 +268,63 @@ class OpenpiLink:
         except BaseException:  # timed out or cancelled mid-act: never read a late reply
             self._drop("act cancelled")
             raise
+
+    async def warm_up(self) -> None:
+        """The warm-up the last connect armed, if any (the module contract); never raises.
+        Run it in a task of its own right after each connect: acts wait for it."""
+        gate, request = self._warm_gate, self.warmup_request
+        if gate is None or request is None or not self.warmup.current(gate):
+            return
+        self._warm_gate = None  # once a connect
+        await self.warmup.run(gate, request, self._owing_exchange, lambda: self._state.acts)
+
+    async def _owing_exchange(
+        self, request: Mapping[str, Any], timeout_s: float
+    ) -> str | bytes | None:
+        """One request outside the acts (not counted, no warm-up waited for): its reply
+        frame, or None when none came within `timeout_s` (the connection kept, the reply
+        owed). CodecError (nothing sent); ServerError or ConnectionLost (connection
+        dropped); a text frame is returned, the connection dropped (openpi closes it)."""
+        payload = self._encoder.encode(request)
+        frame: str | bytes | None = None
+        with anyio.move_on_after(timeout_s):
+            async with self._lock:
+                conn = self._require_conn()
+                self._require_in_step(conn)
+                frame = await self._warm_reply(conn, payload)
+        if isinstance(frame, str):
+            self._drop(wire.server_text(frame, "instead of the warm-up's reply").message)
+        return frame
+
+    async def _warm_reply(self, conn: ClientConnection, payload: bytes) -> str | bytes:
+        """Send, then read the reply. Cancelled (timed out) while reading, the reply is owed
+        and the connection kept (websockets loses nothing to a cancelled recv); cancelled
+        while sending (half a frame may have gone out) or failing, the connection dropped."""
+        sent = False
+        try:
+            await conn.send(payload)
+            sent = True
+            return await conn.recv()
+        except ConnectionClosed as exc:
+            err = wire.closed_error(exc, "during the warm-up")
+            self._drop(err.message)
+            raise err from None
+        except BaseException as exc:
+            if sent and isinstance(exc, anyio.get_cancelled_exc_class()):
+                self._owed += 1
+            else:
+                self._drop("warm-up cancelled")
+            raise
+
+    async def _settle_owed(self, conn: ClientConnection) -> None:
+        """The owed warm-up replies that came meanwhile, read and dropped (they wait unread:
+        recv returns at once)."""
+        while self._owed and wire.pending_frames(conn):
+            self._late_warmup(await conn.recv())
+
+    def _late_warmup(self, frame: str | bytes) -> None:
+        self._owed -= 1
+        self.warmup.late(frame)
 
     async def close(self) -> None:
         """Close the connection (gracefully, bounded) and refuse further use. Idempotent."""
@@ -304,7 +361,7 @@ class OpenpiLink:
     def _count_unasked(self, conn: ClientConnection) -> int:
         """Frames received while no request was in flight (unread between acts), counted in
         `unknown_replies`; how many. Called only while no act is reading `conn`."""
-        unasked = wire.pending_frames(conn)
+        unasked = max(0, wire.pending_frames(conn) - self._owed)  # owed: a warm-up's
         if unasked:
             was = self._state
             self._state = replace(was, unknown_replies=was.unknown_replies + unasked)
@@ -326,6 +383,8 @@ class OpenpiLink:
         conn, self._conn = self._conn, None
         if conn is not None:
             wire.abort(conn)
+        self._owed = 0  # the warm-up's reply, if it was owed one, can no longer come
+        self.warmup.release()
         was = self._state
         self._state = replace(
             was,
