@@ -44,6 +44,14 @@ def _link(url: str, warmup_s: float = 30.0, request: Any = WARM) -> OpenpiLink:
     return link
 
 
+async def _warmed(url: str, warmup_s: float = 30.0) -> OpenpiLink:
+    """A link connected to `url` whose warm-up has run (however it ended)."""
+    link = _link(url, warmup_s)
+    await link.connect(deadline_s=30)
+    await link.warm_up()
+    return link
+
+
 def _prompt(reply: dict[str, Any]) -> str:
     return {k[1]: v for k, v in reply["echo"]["items"]}["prompt"]["value"]
 
@@ -159,9 +167,7 @@ def test_a_late_reply_that_came_while_idle_is_dropped_before_the_next_act(
     with Hostile(script) as server:
 
         async def main() -> None:
-            link = _link(server.url, warmup_s=0.3)
-            await link.connect(deadline_s=30)
-            await link.warm_up()
+            link = await _warmed(server.url, warmup_s=0.3)
             assert link.warmup.phase == "timed_out"
             release.set()
             conn = link._conn  # the frame is read off the socket, waiting unread
@@ -201,9 +207,7 @@ def test_a_junk_warm_up_reply_is_logged_bounded_and_dropped(
     with Hostile(script) as server:
 
         async def main() -> None:
-            link = _link(server.url)
-            await link.connect(deadline_s=30)
-            await link.warm_up()
+            link = await _warmed(server.url)
             assert link.warmup.phase == "answered"
             reply = await link.act({"prompt": "x"}, 10.0)
             assert reply["actions"].shape == (1, 8) and link.state.connects == 1
@@ -235,9 +239,7 @@ def test_a_warm_up_the_server_fails_is_not_repeated_until_an_act_is_answered(
     with Hostile(script) as server:
 
         async def main() -> None:
-            link = _link(server.url)
-            await link.connect(deadline_s=30)
-            await link.warm_up()
+            link = await _warmed(server.url)
             assert link.warmup.phase == "failed" and not link.connected
             await link.connect(deadline_s=30)
             await link.warm_up()
