@@ -27,7 +27,7 @@ from robotd.config import config_from_dict
 from robotd.link.openpi import codec, wire
 from robotd.link.openpi.acts import OpenpiActs
 from robotd.link.openpi.client import OpenpiLink
-from robotd.link.openpi.errors import ActTimeout
+from robotd.link.openpi.errors import ActTimeout, ServerError
 from robotd.link.openpi.options import OpenpiOptions
 from robotd.link.openpi.request import build_request
 from robotd.link.steps import LinkCounters, RingFrames, StepReader, StepRing
@@ -315,3 +315,36 @@ def test_the_warm_up_request_is_shaped_as_a_real_act(name: str, change: Any) -> 
             assert not got.any(), key
     prompts = [i.default for i in cfg.policy.openpi.inputs if i.source == "task"]
     assert [warm[i.key] for i in cfg.policy.openpi.inputs if i.source == "task"] == prompts
+
+
+def test_a_late_traceback_for_the_warm_up_skips_the_next_one() -> None:
+    """The server fails the warm-up after warmup_s: the act that reads it fails with the
+    connection (openpi closes it, 1011), and the next connect skips the warm-up, as when
+    the server fails it in time."""
+    release = threading.Event()
+
+    async def script(peer: Peer) -> None:
+        peer.send(codec.packb({"policy": "hostile"}))
+        if server.connections == 1:
+            await peer.request()  # the warm-up
+            await asyncio.get_running_loop().run_in_executor(None, release.wait, 60)
+            peer.send("Traceback (most recent call last):\nValueError: late")
+            return peer.close(1011, "Internal server error")
+        while await peer.request() is not None:
+            peer.send(codec.packb({"actions": np.ones((1, 8), np.float32)}))
+
+    with Hostile(script) as server:
+
+        async def main() -> None:
+            link = await _warmed(server.url, warmup_s=0.3)
+            assert link.warmup.phase == "timed_out"
+            release.set()
+            with pytest.raises(ServerError, match="1011"):
+                await link.act({"prompt": "x"}, 10.0)
+            await link.connect(deadline_s=30)
+            await link.warm_up()
+            assert link.warmup.phase == "skipped"
+            assert (await link.act({"prompt": "y"}, 10.0))["actions"].shape == (1, 8)
+            await link.close()
+
+        anyio.run(main)

@@ -324,11 +324,11 @@ class OpenpiLink:
 
     def _late_warmup(self, frame: str | bytes) -> None:
         self._owed -= 1
-        self.warmup.late(frame)
+        self.warmup.late(frame, self._state.acts)
 
     async def close(self) -> None:
         """Close the connection (gracefully, bounded) and refuse further use. Idempotent."""
-        self._closed = True
+        self._closed = self.warmup.closing = True
         conn, self._conn = self._conn, None
         if conn is not None:
             with anyio.move_on_after(CLOSE_TIMEOUT_S + 0.5):

@@ -77,6 +77,7 @@ class Warmup:
         self.reason = ""  # failed or skipped: why
         self._gate: anyio.Event | None = None
         self._failed_at: int | None = None  # acts answered when the server failed the last
+        self.closing = False  # set as the link closes: a warm-up cut short is no news
 
     def arm(self, acts: int) -> anyio.Event | None:
         """A connect was made, `acts` answered so far: the gate holding acts, or None."""
@@ -191,16 +192,19 @@ class Warmup:
         self.reason = reason[:300]
         if by_server:
             self._failed_at = acts
-        log.warning(
+        (log.info if self.closing else log.warning)(  # closing: the daemon stops, no news
             "openpi warm-up inference failed after %.1f s: %s; acts are served anyway",
             self.took_s,
             self.reason,
         )
 
-    def late(self, frame: str | bytes) -> None:
-        """The reply of a warm-up that timed out came (and was dropped)."""
+    def late(self, frame: str | bytes, acts: int) -> None:
+        """The reply of a warm-up that timed out came (and was dropped); `acts` answered so
+        far. A text frame is the server failing it, late: as `failed(by_server=True)`."""
         problem = reply_problem(frame, self.max_bytes)
         after = self.clock() - self.since
+        if isinstance(frame, str):
+            self._failed_at = acts
         if problem is None:
             log.info("openpi warm-up inference answered late, after %.1f s (dropped)", after)
         else:
