@@ -348,3 +348,22 @@ def test_a_late_traceback_for_the_warm_up_skips_the_next_one() -> None:
             await link.close()
 
         anyio.run(main)
+
+
+def test_the_keepalive_waits_for_a_compile(openpi_server: Any) -> None:
+    """openpi's server answers no ping while its first inference compiles: with pongs due
+    within keepalive_s (0.5 s here) the connection would drop mid-compile; during the
+    warm-up they may take as long as the warm-up may, and the keepalive is back after."""
+    server = openpi_server(first_delay=FIRST_DELAY_S)
+
+    async def main() -> None:
+        link = OpenpiLink(server.url, OpenpiOptions(keepalive_s=0.5, warmup_s=30, **FAST))
+        link.warmup_request = WARM
+        await link.connect(deadline_s=30)
+        await link.warm_up()
+        assert link.warmup.phase == "answered" and link.connected
+        assert link._conn is not None and link._conn.ping_timeout == 0.5
+        assert (await link.act({"prompt": "after"}, 10.0))["actions"].shape == (10, 8)
+        await link.close()
+
+    anyio.run(main)

@@ -97,8 +97,7 @@ class OpenpiLink:
         self._rng = random.Random()
         self.metadata: dict[Any, Any] | None = None
         self._state = LinkState(endpoint, reconnecting_since=time.time())
-        # the warm-up: its request (None: none), its gate and state (`wait()`, `words()`),
-        # and the replies owed on this connection to warm-ups that timed out
+        # the warm-up: its request, its gate and state, the replies owed on this connection
         self.warmup_request: Mapping[str, Any] | None = None
         self.warmup = Warmup(self.options.warmup_s, self.options.max_reply_bytes)
         self._warm_gate: anyio.Event | None = None
@@ -291,7 +290,14 @@ class OpenpiLink:
             async with self._lock:
                 conn = self._require_conn()
                 self._require_in_step(conn)
-                frame = await self._warm_reply(conn, payload)
+                # openpi's server answers no ping while it compiles: a pong may take as
+                # long as the warm-up may (websockets reads ping_timeout at each ping)
+                keep = conn.ping_timeout
+                conn.ping_timeout = keep and max(keep, timeout_s)
+                try:
+                    frame = await self._warm_reply(conn, payload)
+                finally:
+                    conn.ping_timeout = keep
         if isinstance(frame, str):
             self._drop(wire.server_text(frame, "instead of the warm-up's reply").message)
         return frame
