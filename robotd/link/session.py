@@ -112,7 +112,9 @@ class PolicySession:
         if self.cfg.policy.link == "openpi":
             from robotd.link.openpi.session import connect_openpi
 
-            self.openpi = await connect_openpi(self, deadline_s=wait_s, source=source)
+            self.openpi = await connect_openpi(
+                self, tg.start_soon, deadline_s=wait_s, source=source
+            )
             self.openpi.acts.tap = self.trace
             actions = self.openpi.acts.actions
         else:
@@ -266,6 +268,8 @@ class PolicySession:
             out["policy"] = self._handshake.policy
         if self.openpi is not None:
             out["server"] = self.openpi.link.state.as_dict()
+            if warmup := self.openpi.link.warmup.words():  # the openpi server's first infer
+                out["warmup"] = warmup
         return out
 
     def reply_counts(self) -> dict[str, int]:

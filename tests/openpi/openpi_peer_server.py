@@ -3,6 +3,7 @@ WebsocketPolicyServer (from PyPI) serving a small test policy. Runs in the peer 
 
     python openpi_peer_server.py --port P [--policy test|nowork] [--metadata JSON]
                                  [--tls CERT KEY] [--api-key KEY] [--record PATH]
+                                 [--first-delay S]
 
 Without --tls and --api-key it is `WebsocketPolicyServer(...).serve_forever()`, unchanged.
 With either, the same server's connection handler and health check are served through
@@ -11,9 +12,11 @@ deployment puts in front of openpi's server).
 
 The test policy reads `prompt`: "raise" raises RuntimeError("test policy failure"),
 "hang" blocks forever (openpi's server then answers nothing, not even /healthz),
-"sleep:S" sleeps S seconds first. It answers `actions` = the request's `want_actions`
-(else zeros 10x8 float32) and `echo`: per request key, its type, dtype, shape and a
-checksum, so a test can see exactly what arrived.
+"sleep:S" sleeps S seconds first. With --first-delay S the process's first inference
+takes S seconds longer (a JIT compile: a real openpi policy compiles its forward pass on
+its first call, and blocks the server meanwhile, as this does). It answers `actions` =
+the request's `want_actions` (else zeros 10x8 float32) and `echo`: per request key, its
+type, dtype, shape and a checksum, so a test can see exactly what arrived.
 """
 
 from __future__ import annotations
@@ -34,13 +37,17 @@ ZEROS = np.zeros((10, 8), dtype=np.float32)
 
 
 class TestPolicy(base_policy.BasePolicy):
-    def __init__(self, record=None):
+    def __init__(self, record=None, first_delay=0.0):
         self.record = record  # a path: each request's description appended as a JSON line
+        self.first_delay = first_delay  # the first inference's "compile" (seconds)
 
     def infer(self, obs):
         if self.record:
             with open(self.record, "a") as out:
                 out.write(json.dumps(describe(obs)) + "\n")
+        if self.first_delay:
+            delay, self.first_delay = self.first_delay, 0.0
+            time.sleep(delay)
         prompt = obs.get("prompt", "")
         if prompt == "raise":
             raise RuntimeError("test policy failure")
@@ -96,8 +103,9 @@ def main():
     ap.add_argument("--tls", nargs=2, metavar=("CERT", "KEY"))
     ap.add_argument("--api-key")
     ap.add_argument("--record", help="append each request's description to this file")
+    ap.add_argument("--first-delay", type=float, default=0.0, help="the first infer's extra s")
     args = ap.parse_args()
-    policy = TestPolicy(args.record) if args.policy == "test" else NoWorkPolicy()
+    policy = TestPolicy(args.record, args.first_delay) if args.policy == "test" else NoWorkPolicy()
     server = wps.WebsocketPolicyServer(
         policy, host=args.host, port=args.port, metadata=json.loads(args.metadata)
     )

@@ -48,6 +48,8 @@ class PeerServer:
             cmd += ["--api-key", self.opts["api_key"]]
         if self.opts.get("record"):
             cmd += ["--record", str(self.opts["record"])]
+        if self.opts.get("first_delay"):  # the first inference's JIT compile, in seconds
+            cmd += ["--first-delay", str(self.opts["first_delay"])]
         return cmd
 
     def start(self, wait: bool = True) -> PeerServer:

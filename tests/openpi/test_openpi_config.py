@@ -91,6 +91,9 @@ def _with(change: Any) -> dict[str, Any]:
         (lambda o: o.update(healthz="healthz"), r"healthz: 'healthz' must be a path"),
         (lambda o: o.update(inputs=[]), r"policy\.openpi\.inputs: map at least one"),
         (lambda o: o.update(connect_timeout_s=0), r"connect_timeout_s: must be > 0"),
+        (lambda o: o.update(warmup_s=-1), r"policy\.openpi\.warmup_s: must be >= 0"),
+        (lambda o: o.update(warmup_s=601), r"policy\.openpi\.warmup_s: must be <= 600"),
+        (lambda o: o.update(warmup_s="long"), r"policy\.openpi\.warmup_s: must be a number"),
     ],
 )
 def test_errors_name_the_key(change: Any, message: str) -> None:

@@ -16,9 +16,11 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
+
 from robotd.config import Config
 from robotd.contract import Actions, Observations, Stream
-from robotd.lane.messages import Ask, ChunkRows, Rows
+from robotd.lane.messages import Ask, ChunkRows, Rows, Rtc
 from robotd.link.chunks import ChunkLimits, ChunkRefused, prepare
 from robotd.link.failures import fail_ask
 from robotd.link.frame_tap import FrameTap, tap_window
@@ -31,7 +33,7 @@ from robotd.link.openpi.errors import (
     RequestError,
     ServerError,
 )
-from robotd.link.openpi.options import TASK
+from robotd.link.openpi.options import JOINT_SOURCES, TASK
 from robotd.link.openpi.request import build_request, parse_reply
 from robotd.link.rtc import RtcRefused, rtc_request
 from robotd.link.steps import FrameLost, LinkCounters, StepReader
@@ -114,9 +116,34 @@ class OpenpiActs:
         tap_window(self.tap, ask.wep, window, inputs)
         return _Act(ask.id, ask.wep, ask.s, prev, inputs, time.perf_counter(), rtc)
 
+    def warmup_request(self) -> dict[str, Any]:
+        """The request an episode's first act sends (its window planned at step 0 with no
+        act before it; with [policy.openpi.rtc] in realtime timing, a first act's fields:
+        delay 1, nothing queued), keys, shapes and dtypes alike, with neutral contents:
+        black frames of each camera's capture size, zero joint values, and no task text
+        (a `task` input sends its `default`, as a first act without one does: a prompt is
+        tokenized to a fixed length, so its text changes no shape the server compiles).
+        RequestError or RtcRefused if the mapping cannot build it."""
+        inputs = assemble(self.planner.plan(0, None), lambda _step, key: self._neutral(key))
+        rtc = None
+        if self.cfg.policy.openpi.rtc is not None and self.cfg.control.timing == "realtime":
+            rtc = rtc_request(Rtc(1), self.actions, self.cfg.control.hz, self.limits.dim)
+        return build_request(self.cfg.policy.openpi, inputs, "", rtc)
+
+    def _neutral(self, key: str) -> np.ndarray:
+        """A key's neutral value, as the step ring or a camera ring holds it."""
+        if key in JOINT_SOURCES:
+            return np.zeros(len(self.cfg.joints.names))
+        cam = self.cfg.cameras[key]
+        return np.zeros((cam.height, cam.width, 3), np.uint8)
+
     async def finish(self, a: _Act) -> None:
-        """Act and send the chunk (or act_failed) down; never raises."""
+        """Act and send the chunk (or act_failed) down; never raises. An act asked during
+        the link's warm-up waits for it first; its round trip is timed from then."""
         p = self.cfg.policy
+        held = time.perf_counter()
+        await self.link.warmup.wait()
+        a.asked += time.perf_counter() - held  # the warm-up's time is not the act's
         try:
             request = build_request(p.openpi, a.inputs, self.task(), a.rtc)
             reply = await self.link.act(request, timeout_s=p.timeout_s)

@@ -3,7 +3,9 @@
 Used from the main process's event loop (anyio on asyncio/uvloop):
 
     link = OpenpiLink("ws://gpu-box:8000", options)   # ValueError for a bad endpoint/key env
+    link.warmup_request = request                     # optional: warm up after each connect
     metadata = await link.connect()                   # retries until connected (or deadline)
+    tg.start_soon(link.warm_up)                       # after each connect (acts wait for it)
     reply = await link.act(request, timeout_s=10)     # one request in flight
     link.state                                        # LinkState: connected, since, error
     await link.close()
@@ -30,6 +32,12 @@ Contract:
   an extra frame) closes the connection before the next request is sent, so that it is
   never taken for that request's answer; each is counted in `unknown_replies` (the act
   client's count of replies naming no request: `dropped_replies()`).
+- The warm-up (robotd.link.openpi.warmup says why): with `warmup_request` set and
+  options.warmup_s > 0, each connect holds acts (they wait before their own timeout
+  starts) until `warm_up()` sent that request and its reply came (discarded), or warmup_s
+  passed, or it failed. One that times out keeps the connection: its reply is owed, and
+  dropped when it comes (read before the next act's own reply: the server answers in
+  order). It never raises; what became of it is logged and in `warmup.words()`.
 """
 
 from __future__ import annotations
@@ -40,57 +48,34 @@ import random
 import ssl
 import time
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass, replace
+from dataclasses import replace
 from typing import Any
 
 import anyio
 from websockets.asyncio.client import ClientConnection
 from websockets.asyncio.client import connect as ws_connect
-from websockets.exceptions import ConnectionClosed, InvalidStatus, WebSocketException
+from websockets.exceptions import ConnectionClosed, WebSocketException
 from websockets.protocol import State
 
-from robotd.link.openpi import codec
+from robotd.link.openpi import codec, wire
 from robotd.link.openpi.errors import (
     ActTimeout,
     BadReply,
     CodecError,
     ConnectionLost,
-    OpenpiError,
     ServerError,
 )
 from robotd.link.openpi.health import Endpoint, not_ready, tls_context
 from robotd.link.openpi.options import OpenpiOptions
-from robotd.link.openpi.shown import json_safe
+from robotd.link.openpi.shown import LinkState, json_safe
+from robotd.link.openpi.warmup import Warmup
 
 log = logging.getLogger("robotd.link.openpi")
 
-MAX_SERVER_TEXT = 64 << 10  # characters of a server's traceback kept
 CLOSE_TIMEOUT_S = 2.0  # a graceful close waits this long for the server's close frame
-INTERNAL_ERROR = 1011
 # Frames websockets queues unread before it stops reading the socket (its default, 16,
 # lets a server that floods frames between acts park 16 x max_reply_bytes in memory).
 MAX_QUEUED_FRAMES = 2
-
-
-@dataclass(frozen=True)
-class LinkState:
-    """A snapshot for status: `connected`; `reconnecting_since` (time.time() when the link
-    lost or had not yet made its connection, None while connected); `last_error` (the
-    newest failure, kept after a reconnect); `connects` (connections made); `acts`
-    (replies received); `unknown_replies` (frames that answered no request, over every
-    connection); `metadata` (the server's, JSON-safe, None before the first)."""
-
-    endpoint: str
-    connected: bool = False
-    reconnecting_since: float | None = None
-    last_error: str = ""
-    connects: int = 0
-    acts: int = 0
-    unknown_replies: int = 0
-    metadata: Any = None
-
-    def as_dict(self) -> dict[str, Any]:
-        return asdict(self)
 
 
 class OpenpiLink:
@@ -112,6 +97,11 @@ class OpenpiLink:
         self._rng = random.Random()
         self.metadata: dict[Any, Any] | None = None
         self._state = LinkState(endpoint, reconnecting_since=time.time())
+        # the warm-up: its request, its gate and state, the replies owed on this connection
+        self.warmup_request: Mapping[str, Any] | None = None
+        self.warmup = Warmup(self.options.warmup_s, self.options.max_reply_bytes)
+        self._warm_gate: anyio.Event | None = None
+        self._owed = 0
 
     @property
     def state(self) -> LinkState:
@@ -148,7 +138,7 @@ class OpenpiLink:
             try:
                 return await self._attempt()
             except (OSError, TimeoutError, WebSocketException, ServerError, BadReply) as exc:
-                self._failed(_describe(exc))
+                self._failed(wire.describe(exc))
             left = None if deadline_s is None else deadline_s - (time.monotonic() - start)
             if left is not None and left <= 0:
                 raise ConnectionLost(
@@ -172,12 +162,14 @@ class OpenpiLink:
             try:
                 metadata = await self._metadata(conn)
             except BaseException:
-                _abort(conn)
+                wire.abort(conn)
                 raise
         if self._closed:  # close() was called meanwhile
-            _abort(conn)
+            wire.abort(conn)
             self._require_open()
         self._conn, self.metadata = conn, metadata
+        if self.warmup_request is not None:  # before any act can be sent on it
+            self._warm_gate = self.warmup.arm(self._state.acts)
         self._state = replace(
             self._state,
             connected=True,
@@ -210,9 +202,9 @@ class OpenpiLink:
         try:
             frame = await conn.recv()
         except ConnectionClosed as exc:
-            raise _closed_error(exc, "before sending its metadata") from None
+            raise wire.closed_error(exc, "before sending its metadata") from None
         if isinstance(frame, str):
-            raise _server_text(frame, "instead of its metadata")
+            raise wire.server_text(frame, "instead of its metadata")
         try:
             metadata = codec.unpackb(frame, max_bytes=self.options.max_reply_bytes)
         except CodecError as exc:
@@ -226,9 +218,11 @@ class OpenpiLink:
         if not timeout_s > 0:
             raise ValueError(f"timeout_s must be > 0, got {timeout_s}")
         payload = self._encoder.encode(request)  # CodecError: nothing sent
+        await self.warmup.wait()  # before the act's own timeout: it is not the act's time
         with anyio.move_on_after(timeout_s) as scope:
             async with self._lock:
                 conn = self._require_conn()
+                await self._settle_owed(conn)
                 self._require_in_step(conn)
                 frame = await self._exchange(conn, payload)
         if scope.cancelled_caught:
@@ -236,7 +230,7 @@ class OpenpiLink:
             self._failed(reason)
             raise ActTimeout(f"{self.endpoint.url}: {reason}")
         if isinstance(frame, str):
-            err = _server_text(frame, "instead of a reply")
+            err = wire.server_text(frame, "instead of a reply")
             self._drop(err.message)
             raise err
         try:
@@ -263,23 +257,89 @@ class OpenpiLink:
     async def _exchange(self, conn: ClientConnection, payload: bytes) -> str | bytes:
         try:
             await conn.send(payload)
+            while self._owed:  # a timed-out warm-up's reply comes first: dropped
+                self._late_warmup(await conn.recv())
             return await conn.recv()
         except ConnectionClosed as exc:
-            err = _closed_error(exc, "during an act")
+            err = wire.closed_error(exc, "during an act")
             self._drop(err.message)
             raise err from None
         except BaseException:  # timed out or cancelled mid-act: never read a late reply
             self._drop("act cancelled")
             raise
 
+    async def warm_up(self) -> None:
+        """The warm-up the last connect armed, if any (the module contract); never raises.
+        Run it in a task of its own right after each connect: acts wait for it."""
+        gate, request = self._warm_gate, self.warmup_request
+        if gate is None or request is None or not self.warmup.current(gate):
+            return
+        self._warm_gate = None  # once a connect
+        await self.warmup.run(gate, request, self._owing_exchange, lambda: self._state.acts)
+
+    async def _owing_exchange(
+        self, request: Mapping[str, Any], timeout_s: float
+    ) -> str | bytes | None:
+        """One request outside the acts (not counted, no warm-up waited for): its reply
+        frame, or None when none came within `timeout_s` (the connection kept, the reply
+        owed). CodecError (nothing sent); ServerError or ConnectionLost (connection
+        dropped); a text frame is returned, the connection dropped (openpi closes it)."""
+        payload = self._encoder.encode(request)
+        frame: str | bytes | None = None
+        with anyio.move_on_after(timeout_s):
+            async with self._lock:
+                conn = self._require_conn()
+                self._require_in_step(conn)
+                # openpi's server answers no ping while it compiles: a pong may take as
+                # long as the warm-up may (websockets reads ping_timeout at each ping)
+                keep = conn.ping_timeout
+                conn.ping_timeout = keep and max(keep, timeout_s)
+                try:
+                    frame = await self._warm_reply(conn, payload)
+                finally:
+                    conn.ping_timeout = keep
+        if isinstance(frame, str):
+            self._drop(wire.server_text(frame, "instead of the warm-up's reply").message)
+        return frame
+
+    async def _warm_reply(self, conn: ClientConnection, payload: bytes) -> str | bytes:
+        """Send, then read the reply. Cancelled (timed out) while reading, the reply is owed
+        and the connection kept (websockets loses nothing to a cancelled recv); cancelled
+        while sending (half a frame may have gone out) or failing, the connection dropped."""
+        sent = False
+        try:
+            await conn.send(payload)
+            sent = True
+            return await conn.recv()
+        except ConnectionClosed as exc:
+            err = wire.closed_error(exc, "during the warm-up")
+            self._drop(err.message)
+            raise err from None
+        except BaseException as exc:
+            if sent and isinstance(exc, anyio.get_cancelled_exc_class()):
+                self._owed += 1
+            else:
+                self._drop("warm-up cancelled")
+            raise
+
+    async def _settle_owed(self, conn: ClientConnection) -> None:
+        """The owed warm-up replies that came meanwhile, read and dropped (they wait unread:
+        recv returns at once)."""
+        while self._owed and wire.pending_frames(conn):
+            self._late_warmup(await conn.recv())
+
+    def _late_warmup(self, frame: str | bytes) -> None:
+        self._owed -= 1
+        self.warmup.late(frame, self._state.acts)
+
     async def close(self) -> None:
         """Close the connection (gracefully, bounded) and refuse further use. Idempotent."""
-        self._closed = True
+        self._closed = self.warmup.closing = True
         conn, self._conn = self._conn, None
         if conn is not None:
             with anyio.move_on_after(CLOSE_TIMEOUT_S + 0.5):
                 await conn.close()
-            _abort(conn)
+            wire.abort(conn)
         self._state = replace(self._state, connected=False)
 
     def _require_open(self) -> None:
@@ -302,12 +362,12 @@ class OpenpiLink:
         if conn is None or conn.state is not State.CLOSED:
             return
         self._count_unasked(conn)  # sent while idle, before the close: answering nothing
-        self._failed(_closed_error(conn.protocol.close_exc, "while idle").message)
+        self._failed(wire.closed_error(conn.protocol.close_exc, "while idle").message)
 
     def _count_unasked(self, conn: ClientConnection) -> int:
         """Frames received while no request was in flight (unread between acts), counted in
         `unknown_replies`; how many. Called only while no act is reading `conn`."""
-        unasked = _pending_frames(conn)
+        unasked = max(0, wire.pending_frames(conn) - self._owed)  # owed: a warm-up's
         if unasked:
             was = self._state
             self._state = replace(was, unknown_replies=was.unknown_replies + unasked)
@@ -328,7 +388,9 @@ class OpenpiLink:
         """Abort the connection, if any; `reason` becomes the last error (None: kept)."""
         conn, self._conn = self._conn, None
         if conn is not None:
-            _abort(conn)
+            wire.abort(conn)
+        self._owed = 0  # the warm-up's reply, if it was owed one, can no longer come
+        self.warmup.release()
         was = self._state
         self._state = replace(
             was,
@@ -336,55 +398,3 @@ class OpenpiLink:
             reconnecting_since=was.reconnecting_since or time.time(),
             last_error=was.last_error if reason is None else reason,
         )
-
-
-def _pending_frames(conn: ClientConnection) -> int:
-    """Frames received and not yet read (websockets' assembler queue; 0 if it moved)."""
-    frames = getattr(getattr(conn, "recv_messages", None), "frames", None)
-    try:
-        return len(frames) if frames is not None else 0
-    except TypeError:
-        return 0
-
-
-def _abort(conn: ClientConnection) -> None:
-    """Close at once, without a closing handshake: nothing more is read from it."""
-    transport = getattr(conn, "transport", None)
-    if transport is not None:
-        transport.abort()
-
-
-def _server_text(text: str, when: str) -> ServerError:
-    kept = text[:MAX_SERVER_TEXT]
-    last = next((ln for ln in reversed(kept.strip().splitlines()) if ln.strip()), "")
-    return ServerError(f"server error {when}: {last[:300] or '(empty text frame)'}", kept)
-
-
-def _closed_error(exc: ConnectionClosed, when: str) -> ServerError | ConnectionLost:
-    rcvd = exc.rcvd
-    if rcvd is not None and rcvd.code == INTERNAL_ERROR:
-        reason = rcvd.reason[:MAX_SERVER_TEXT]
-        return ServerError(
-            f"server closed with 1011 (internal error) {when}: {reason[:300]}", reason, 1011
-        )
-    if rcvd is not None:
-        how = f"code {rcvd.code} {rcvd.reason[:200]!r}"
-    elif exc.sent is not None:  # e.g. 1009: the server's frame was over max_reply_bytes
-        how = f"closed by robotd: code {exc.sent.code} {exc.sent.reason[:200]!r}"
-    else:
-        how = "no close frame"
-    return ConnectionLost(f"connection closed {when} ({how})")
-
-
-def _describe(exc: BaseException) -> str:
-    if isinstance(exc, OpenpiError):
-        return exc.message
-    if isinstance(exc, InvalidStatus):
-        status = exc.response.status_code
-        if status in (401, 403):
-            return f"the server refused the API key (HTTP {status})"
-        return f"the handshake was refused (HTTP {status})"
-    if isinstance(exc, TimeoutError):
-        return "no connection and metadata within the connect timeout"
-    text = getattr(exc, "message", None) or str(exc) or type(exc).__name__
-    return f"{type(exc).__name__}: {text}"[:500]

@@ -222,6 +222,11 @@ class OpenpiOptions(_Model):
     max_reply_bytes: int = Field(64 << 20, ge=1 << 10, le=1 << 30)  # one incoming frame
     # a ping this often; no pong within as long again drops the connection (0: no pings)
     keepalive_s: float = Field(20.0, ge=0, le=600)
+    # after each connect, one inference shaped as a first act (neutral contents) is sent and
+    # its answer discarded, waited for this long, acts waiting behind it: openpi's servers
+    # JIT-compile on their first inference, which can take longer than an act's timeout
+    # (robotd.link.openpi.warmup). 0: no warm-up; 600 matches policy.timeout_s's cap
+    warmup_s: float = Field(120.0, ge=0, le=600)
 
     @model_validator(mode="after")
     def _check(self) -> OpenpiOptions:

@@ -1,13 +1,35 @@
-"""The server's metadata as status shows it: JSON-safe and small whatever the server sent
-(status goes to every robotctl and telemetry subscriber; a server's metadata may be
-megabytes)."""
+"""What the openpi link's status shows: `LinkState`, its snapshot, and the server's metadata
+in it made JSON-safe and small whatever the server sent (status goes to every robotctl and
+telemetry subscriber; a server's metadata may be megabytes)."""
 
 from __future__ import annotations
 
 import itertools
+from dataclasses import asdict, dataclass
 from typing import Any
 
 MAX_SHOWN = 256  # values shown in all
+
+
+@dataclass(frozen=True)
+class LinkState:
+    """A snapshot for status: `connected`; `reconnecting_since` (time.time() when the link
+    lost or had not yet made its connection, None while connected); `last_error` (the
+    newest failure, kept after a reconnect); `connects` (connections made); `acts`
+    (replies received); `unknown_replies` (frames that answered no request, over every
+    connection); `metadata` (the server's, JSON-safe, None before the first)."""
+
+    endpoint: str
+    connected: bool = False
+    reconnecting_since: float | None = None
+    last_error: str = ""
+    connects: int = 0
+    acts: int = 0
+    unknown_replies: int = 0
+    metadata: Any = None
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
 
 
 def json_safe(value: Any) -> Any:
