@@ -517,7 +517,8 @@ def test_late_and_unknown_replies_are_dropped_and_counted(sockdir: Path) -> None
             with pytest.raises(TimeoutError):
                 await client.act("W", 0, [0], [{}], timeout_s=0.3)
             await client.end_episode("W")  # its reply comes after the late one
-            return client.late_replies, client.unknown_replies
+            dropped = client.dropped_replies()
+            return dropped["late"], dropped["unknown"]
         finally:
             await client.close()
 
@@ -552,7 +553,7 @@ def test_a_flood_of_unknown_replies_is_counted_whole_and_logged_bounded(
         try:
             await client.connect()
             await client.end_episode("W")
-            return client.unknown_replies
+            return client.dropped_replies()["unknown"]
         finally:
             await client.close()
 
