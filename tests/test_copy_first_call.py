@@ -8,11 +8,7 @@ from __future__ import annotations
 
 from copy_util import Worker
 
-from tests.test_copies import lost, row
-
-
-def act(step: int, episode: str = "W1", **obs: object) -> dict:
-    return {"cmd": "act", "episode": episode, "step": step, "steps": [step], "observations": [obs]}
+from tests.test_copies import _act_msg, lost, row
 
 SLOW_S = 2.5  # the act's forward pass: past hang_s, within first_call_s
 
@@ -24,11 +20,11 @@ def test_a_first_call_past_hang_s_is_a_warm_up_and_a_later_one_a_hang() -> None:
     c = worker.client
     try:
         assert c.request({"cmd": "hello"})["result"]["copies"]["first_call_s"] == 30.0
-        first = row(c.request(act(0, mode="sleep", seconds=SLOW_S)))
+        first = row(c.request(_act_msg("W1", 0, mode="sleep", seconds=SLOW_S)))
         assert first[0] == 0
         pid = worker.pid_of("W1")
-        assert row(c.request(act(1)))[3] == pid
-        err = lost(c.request(act(2, mode="sleep", seconds=SLOW_S)))
+        assert row(c.request(_act_msg("W1", 1)))[3] == pid
+        err = lost(c.request(_act_msg("W1", 2, mode="sleep", seconds=SLOW_S)))
         assert err["cause"] == "hung" and "within 1 s" in err["message"], err
         assert "first call" not in err["message"]
         health = c.ping()
@@ -43,7 +39,7 @@ def test_a_first_call_past_first_call_s_is_a_hang_said_as_such() -> None:
     )
     c = worker.client
     try:
-        err = lost(c.request(act(0, "H1", mode="hang")))
+        err = lost(c.request(_act_msg("H1", 0, mode="hang")))
         assert err["cause"] == "hung", err
         assert "within 1 s (its first call: first_call_s; later ones hang_s)" in err["message"]
     finally:

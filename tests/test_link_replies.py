@@ -19,6 +19,7 @@ import pytest
 from robotd import framed, wire
 from robotd.contract import MAX_ANSWER_ROWS, Actions, ContractError
 from robotd.link.client import PolicyClient, PolicyError
+from tests.client_util import dropped_after
 from tests.daemon_util import Daemon
 from tests.fake_router import FakeRouter
 from tests.test_uplink import sockdir
@@ -228,20 +229,9 @@ def test_a_late_answer_to_a_ping_is_counted_apart_from_late_replies(
     fake = _SlowPings(endpoint, late_s=None)  # answered with the next request, no sooner
     fake.start()
 
-    async def main() -> dict[str, int]:
-        client = PolicyClient(endpoint, timeout_s=10)
-        try:
-            await client.connect()
-            with pytest.raises(TimeoutError):
-                await client.ping(timeout_s=0.2)
-            await client.end_episode("W")  # answered after the ping's late answer
-            return client.dropped_replies()
-        finally:
-            await client.close()
-
-    try:
+    try:  # end_episode is answered after the ping's late answer
         with caplog.at_level(logging.WARNING, logger="robotd.link"):
-            dropped = _run(main)
+            dropped = dropped_after(endpoint, lambda c: c.ping(timeout_s=0.2))
     finally:
         fake.close()
     assert dropped["late_ping"] == 1 and dropped["late"] == 0, dropped

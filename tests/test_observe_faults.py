@@ -26,6 +26,7 @@ from robotd.link.replies import PROTOCOL
 from robotd.link.steps import TIMING_SAMPLE, LinkCounters, RingFrames, StepReader, StepRing
 from robotd.link.uplink import Uplink, UplinkLimits
 from robotd.link.windows import WindowPlanner
+from tests.client_util import dropped_after
 from tests.fake_router import FakeRouter
 from tests.serve_util import serving
 from tests.test_uplink import (
@@ -510,22 +511,13 @@ def test_late_and_unknown_replies_are_dropped_and_counted(sockdir: Path) -> None
     fake = Wayward(f"ipc://{sockdir}/w.sock")
     fake.start()
 
-    async def main() -> tuple[int, int]:
-        client = PolicyClient(f"ipc://{sockdir}/w.sock", timeout_s=5)
-        try:
-            await client.connect()
-            with pytest.raises(TimeoutError):
-                await client.act("W", 0, [0], [{}], timeout_s=0.3)
-            await client.end_episode("W")  # its reply comes after the late one
-            dropped = client.dropped_replies()
-            return dropped["late"], dropped["unknown"]
-        finally:
-            await client.close()
-
-    try:
-        late, unknown = run(main)
+    try:  # end_episode's reply comes after the late one
+        dropped = dropped_after(
+            f"ipc://{sockdir}/w.sock", lambda c: c.act("W", 0, [0], [{}], timeout_s=0.3), 5
+        )
     finally:
         fake.close()
+    late, unknown = dropped["late"], dropped["unknown"]
     assert late == 1 and unknown >= 2  # never handed to a request waiting meanwhile
 
 
@@ -548,18 +540,9 @@ def test_a_flood_of_unknown_replies_is_counted_whole_and_logged_bounded(
     fake = Flooder(f"ipc://{sockdir}/f.sock")
     fake.start()
 
-    async def main() -> int:
-        client = PolicyClient(f"ipc://{sockdir}/f.sock", timeout_s=15)
-        try:
-            await client.connect()
-            await client.end_episode("W")
-            return client.dropped_replies()["unknown"]
-        finally:
-            await client.close()
-
     try:
         with caplog.at_level(logging.WARNING, logger="robotd.link"):
-            unknown = run(main)
+            unknown = dropped_after(f"ipc://{sockdir}/f.sock", timeout_s=15)["unknown"]
     finally:
         fake.close()
     assert unknown == 2 * Flooder.FLOOD  # every one counted

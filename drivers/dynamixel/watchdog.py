@@ -24,10 +24,11 @@ from drivers.base import JointCounters
 from drivers.dynamixel import table as t
 from drivers.servo.bus import BusError, ServoBus
 from drivers.servo.transport import TransportError
+from robotd.repeats import Repeats
 
 QUIET_SHARE = 0.75  # of the period: a quiet spell this long may have tripped it
 TRIPPED = 0xFF
-SAY_EVERY_S = 10.0  # a stalling machine trips it often: one line per this, with a count
+SAY_EVERY_S = 10.0  # one line per this at most, with how many trips went unsaid
 
 
 class BusWatchdog:
@@ -50,8 +51,7 @@ class BusWatchdog:
         self._armed = False
         self._heard_ns = 0
         self._unchecked: set[int] = set()  # quiet too long, not read back yet
-        self._said_ns: int | None = None
-        self._unsaid = 0  # trips since the last line
+        self._said = Repeats(SAY_EVERY_S)  # a machine that stalls often trips it often
 
     def arm(self, bus: ServoBus) -> None:
         """Once torque is on (clears a tripped one first)."""
@@ -65,13 +65,14 @@ class BusWatchdog:
         self._unchecked.clear()
 
     def disarm(self, bus: ServoBus) -> None:
-        """Before torque goes off."""
+        """Once torque is off; one try each (torque off is what stops the arm, and a servo
+        that did not answer it has had its tries)."""
         self._armed = False
         self._unchecked.clear()
         if not self.units:
             return
         for ident in self.ids:
-            bus.write(ident, t.BUS_WATCHDOG, b"\x00")
+            bus.write(ident, t.BUS_WATCHDOG, b"\x00", tries=1)
 
     def heard(self, bus: ServoBus) -> None:
         """Every servo just answered a state read: re-arm those that stopped meanwhile."""
@@ -111,16 +112,12 @@ class BusWatchdog:
             self._say(rearmed, quiet_s)
 
     def _say(self, rearmed: list[int], quiet_s: float) -> None:
-        now = time.monotonic_ns()
-        self._unsaid += 1
-        if self._said_ns is not None and now - self._said_ns < SAY_EVERY_S * 1e9:
+        said = self._said.say("tripped")
+        if said is None:
             return
         joints = ", ".join(f"{self._name[i]} (servo {i})" for i in rearmed)
-        more = f"; {self._unsaid - 1} more trips since the last line" if self._unsaid > 1 else ""
         self._warn(
             f"{joints} had stopped by themselves: their Bus Watchdog tripped (no packet for "
             f"{self.period_s * 1e3:.0f} ms, joints.options.watchdog_ms; the bus was quiet "
-            f"{quiet_s * 1e3:.0f} ms). Re-armed: they follow goals again{more}"
+            f"{quiet_s * 1e3:.0f} ms). Re-armed: they follow goals again{said.tail}"
         )
-        self._said_ns = now
-        self._unsaid = 0

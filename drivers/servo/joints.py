@@ -122,7 +122,8 @@ class ServoJoints(JointDriver):
         return bus.codec.describe_error(reply.error)
 
     def after_torque(self, bus: ServoBus, on: bool) -> None:
-        """Family extras once torque is on (before it goes off: `on` False)."""
+        """Family extras once torque is on, or off (`on` False: best effort, after every
+        servo was told to let go)."""
 
     # ---- the contract ------------------------------------------------------------------
 

@@ -11,9 +11,9 @@ ours, undecodable when its bytes are no message at all.
 from __future__ import annotations
 
 import logging
-from collections import deque
 from typing import Any
 
+from robotd.recent import Recent
 from robotd.repeats import Repeats
 
 log = logging.getLogger("robotd.link")
@@ -25,31 +25,6 @@ SETTLED_KEPT = 256
 DROPPED_KINDS = ("late", "late_ping", "unknown", "duplicate", "undecodable")
 
 
-class _Recent:
-    """The last `keep` ids added, each with its request's cmd, for look-ups in O(1): a
-    bounded memory of requests."""
-
-    def __init__(self, keep: int) -> None:
-        self.keep = keep
-        self._order: deque[int] = deque()
-        self._cmds: dict[int, str] = {}
-
-    def add(self, rid: int, cmd: str = "") -> None:
-        if rid in self._cmds:
-            return
-        self._order.append(rid)
-        self._cmds[rid] = cmd
-        if len(self._order) > self.keep:
-            self._cmds.pop(self._order.popleft(), None)
-
-    def cmd(self, rid: int) -> str | None:
-        """The cmd of request `rid`, None when it is not (or no longer) remembered."""
-        return self._cmds.get(rid)
-
-    def __contains__(self, rid: object) -> bool:
-        return rid in self._cmds
-
-
 class DroppedReplies:
     """What one client to `endpoint` dropped. `settled(rid, cmd, answered)` is told of every
     request as it ends; `drop` judges a reply no request waits for."""
@@ -58,8 +33,10 @@ class DroppedReplies:
         self.endpoint = endpoint
         self.counts = dict.fromkeys(DROPPED_KINDS, 0)
         self._said = Repeats(DROPPED_QUIET_S)  # the log lines, per kind
-        self._abandoned = _Recent(SETTLED_KEPT)  # given up: a reply may still come, late
-        self._answered = _Recent(SETTLED_KEPT)  # a reply settled them: another is a duplicate
+        # request id -> its cmd: given up (a reply may still come, late), or answered (a
+        # second reply is a duplicate)
+        self._abandoned: Recent[int, str] = Recent(SETTLED_KEPT)
+        self._answered: Recent[int, str] = Recent(SETTLED_KEPT)
 
     def settled(self, rid: int, cmd: str, *, answered: bool) -> None:
         """Request `rid` (a `cmd`) ended: answered, or given up (a reply may still come)."""
@@ -84,7 +61,7 @@ class DroppedReplies:
             )
             return False
         if rid is not None and (rid in self._abandoned or waiting is not None):
-            cmd = waiting if waiting is not None else self._abandoned.cmd(rid)
+            cmd = waiting if waiting is not None else self._abandoned.get(rid)
             # a heartbeat's wait is short: the worker slow, no answer lost
             kind, what = ("late_ping", "heartbeat ping") if cmd == "ping" else ("late", "request")
             n = self._count(kind)

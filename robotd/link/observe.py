@@ -31,6 +31,7 @@ import zmq.asyncio
 from robotd import wire
 from robotd.link.posts import Held, Post, UplinkLimits, parse_ack, stray_words
 from robotd.link.steps import LinkCounters
+from robotd.recent import Recent
 from robotd.repeats import Repeats
 
 log = logging.getLogger("robotd.link")
@@ -76,9 +77,9 @@ class ObserveConnection:
         self._held: dict[str, Held] = {}
         self._posts: tuple[deque[Post], deque[Post]] = (deque(), deque())  # urgent, in order
         self._unacked: dict[int, Post] = {}
-        # uploads whose episode ended before their answer came (oldest first, bounded): that
-        # answer is expected, not a stray
-        self._ended: dict[int, str] = {}
+        # uploads whose episode ended before their answer came, by id: that answer is
+        # expected, not a stray
+        self._ended: Recent[int, str] = Recent(ENDED_KEPT)
         self._rid = 0
         # One signal for "a post was queued" and "room was made": the send loop waits on
         # both at once (an urgent post must go even while an ordinary one waits for room).
@@ -164,9 +165,7 @@ class ObserveConnection:
         self._held.pop(wep, None)
         for rid in [rid for rid, p in self._unacked.items() if p.wep == wep]:
             del self._unacked[rid]
-            self._ended[rid] = wep
-        while len(self._ended) > ENDED_KEPT:
-            del self._ended[next(iter(self._ended))]
+            self._ended.add(rid, wep)
         self._wake.set()
 
     def through(self, wep: str) -> int:
@@ -301,7 +300,7 @@ class ObserveConnection:
                 reply = err
             rid = reply.get("id") if isinstance(reply, dict) else None
             post = self._unacked.pop(rid, None) if type(rid) is int else None  # not a bool
-            if post is None and type(rid) is int and (wep := self._ended.pop(rid, None)):
+            if post is None and type(rid) is int and (wep := self._ended.pop(rid)) is not None:
                 log.debug("observe connection: upload %d of ended episode %r answered", rid, wep)
                 continue
             if post is None:

@@ -14,30 +14,13 @@ from typing import Any
 
 from robotd.config import Config
 from robotd.operator.requests import Request, RequestError, summary
+from robotd.runtime.summary import LANE_COUNTERS
 from robotd.runtime.view import DaemonView, PolicyParams
 
 log = logging.getLogger("robotd.operator")
 
 # The control lane's counters that telemetry carries (the summary has them all).
-TELEMETRY_COUNTERS = (
-    "ticks",
-    "missed_ticks",
-    "acts",
-    "chunks",
-    "holds",
-    "max_consecutive_holds",
-    "starved_episodes",
-    "stale_chunks",
-    "rows_dropped",
-    "stale_rows_played",
-    "delay_overruns",
-    "episode_resets",
-    "interventions",
-    "clipped",
-    "clamped",
-    "rejected",
-    "invalid_observations",
-)
+TELEMETRY_COUNTERS = ("ticks", *LANE_COUNTERS)
 
 
 def local(view: DaemonView, req: Request) -> Any:

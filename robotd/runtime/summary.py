@@ -16,6 +16,28 @@ from robotd.link.steps import UPLOAD_COUNTERS, LinkCounters
 _EMPTY = {"p50": 0.0, "p99": 0.0, "p999": 0.0, "max": 0.0}
 
 
+# The control lane's counters the run's summary and every telemetry message both carry (the
+# summary has more; telemetry adds `ticks`).
+LANE_COUNTERS = (
+    "missed_ticks",
+    "acts",
+    "chunks",
+    "holds",
+    "max_consecutive_holds",
+    "starved_episodes",
+    "stale_chunks",
+    "rows_dropped",
+    "stale_rows_played",
+    "delay_overruns",
+    "episode_resets",
+    "interventions",
+    "clipped",
+    "clamped",
+    "rejected",
+    "invalid_observations",
+)
+
+
 class RunSummary:
     """Accumulates the control lane's cumulative stats and reads the link's counters."""
 
@@ -106,29 +128,8 @@ class RunSummary:
 
     def to_dict(self) -> dict[str, Any]:
         t = self.totals
-        names = [
-            "missed_ticks",
-            "overruns",
-            "episodes",
-            "acts",
-            "act_failures",
-            "chunks",
-            "holds",
-            "max_consecutive_holds",
-            "starved_episodes",
-            "stale_chunks",
-            "rows_dropped",
-            "stale_rows_played",
-            "delay_overruns",
-            "episode_resets",
-            "interventions",
-            "clipped",
-            "clamped",
-            "rejected",
-            "invalid_observations",
-            "dropped_messages",
-            "bad_messages",
-        ]
+        names = ("overruns", "episodes", "act_failures", *LANE_COUNTERS, "dropped_messages",
+                 "bad_messages")  # fmt: skip
         return {
             "ticks": t.get("ticks", 0),
             "hz": round(self.measured_hz(), 3),

@@ -135,8 +135,9 @@ class Copies:
                 slot.runner.kill()
                 task = slot.current
                 what = f"the act at step {task.step}" if task and task.kind == "act" else "end"
-                text = f"hung: no answer to {what} within {self.allowance(slot):g} s"
-                if not slot.warm and self.options.first_call_s > self.options.hang_s:
+                allowed = self.allowance(slot)
+                text = f"hung: no answer to {what} within {allowed:g} s"
+                if allowed > self.options.hang_s:
                     text += " (its first call: first_call_s; later ones hang_s)"
                 text += " (killed)"
                 self.lose(slot, Loss("hung", text), now)
