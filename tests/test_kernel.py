@@ -55,6 +55,23 @@ def test_sim_episode_starts_only_once_the_policy_link_is_up():
     assert rig.k.machine.state == "RUNNING"
 
 
+def test_sim_episode_waits_for_a_ready_contract_and_an_estop_taken_meanwhile_holds():
+    """An openpi server's warm-up: the contract comes first not ready, then ready."""
+    rig = Rig()
+    rig.k.set_contract(4, ready=False)
+    rig.tick()
+    assert rig.k.machine.state == "IDLE" and not rig.asks()
+    rig.k.set_contract(4, ready=True)
+    assert rig.k.machine.state == "RUNNING"
+    rig.k.set_contract(4, ready=True)  # a later contract (a worker back) starts nothing new
+    assert rig.k.machine.episode == 1
+    latched = Rig()
+    latched.k.set_contract(4, ready=False)
+    latched.k.command("estop", "before the warm-up ended")
+    latched.k.set_contract(4, ready=True)
+    assert latched.k.machine.state == "FAULT"
+
+
 def test_sync_asks_when_empty_holds_while_waiting_and_plays_at_most_horizon():
     rig = started()
     rig.tick()

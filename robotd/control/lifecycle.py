@@ -149,12 +149,16 @@ class Lifecycle:
             None if left is None else round(left * self.dt, 3), self._said, max(0, self.step),
         )
 
-    def set_contract(self, open_loop_horizon: int | None, rtc: bool = False) -> None:
+    def set_contract(
+        self, open_loop_horizon: int | None, rtc: bool = False, ready: bool = True
+    ) -> None:
         """The worker's action contract: sync plays at most this many rows of a chunk;
-        `rtc`: the policy takes each act's frozen prefix, which the merge then keeps."""
+        `rtc`: the policy takes each act's frozen prefix, which the merge then keeps;
+        `ready`: the policy answers acts now (robot.start = "episode" starts at the first
+        ready contract)."""
         self.playback.configure(open_loop_horizon, rtc)
-        self._event("contract", open_loop_horizon=open_loop_horizon, rtc=rtc)
-        if self._autostart:
+        self._event("contract", open_loop_horizon=open_loop_horizon, rtc=rtc, ready=ready)
+        if self._autostart and ready:
             self._autostart = False
             if self.machine.state is State.IDLE:  # not after an e-stop taken before the link
                 self._start_episode()

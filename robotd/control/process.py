@@ -186,7 +186,7 @@ class ControlLane:
         elif isinstance(msg, EpisodeLost):
             k.episode_lost(msg.cause)
         elif isinstance(msg, Contract):
-            k.set_contract(msg.open_loop_horizon, msg.rtc)
+            k.set_contract(msg.open_loop_horizon, msg.rtc, msg.ready)
         elif isinstance(msg, Shutdown):
             self.stop.set()
 

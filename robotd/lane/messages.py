@@ -127,10 +127,15 @@ class EpisodeLost(_Msg, tag="episode_lost"):
 class Contract(_Msg, tag="contract"):
     """The action contract in force: sync plays at most `open_loop_horizon` rows of a
     chunk; `rtc`: the policy is handed each act's frozen prefix (Ask.rtc), so the merge
-    keeps those rows as they are, whatever the answer holds for their steps."""
+    keeps those rows as they are, whatever the answer holds for their steps. `ready`: the
+    policy answers acts now; False while an openpi server's warm-up holds them (the same
+    contract follows with True when it is over), so a robot that starts its own first
+    episode (robot.start = "episode") starts it then, not into a wait longer than its
+    patience."""
 
     open_loop_horizon: Annotated[int, msgspec.Meta(ge=1)] | None = None
     rtc: bool = False
+    ready: bool = True
 
 
 class Beat(_Msg, tag="beat"):

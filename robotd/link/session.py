@@ -21,6 +21,7 @@ from typing import Any, Protocol
 
 import anyio
 import anyio.abc
+import msgspec
 
 from robotd.config import Config
 from robotd.contract import Actions, ContractError
@@ -124,6 +125,8 @@ class PolicySession:
         self.health.up()
         self._contract = self._contract_for(actions)
         tg.start_soon(self.watch.run)
+        if self.not_ready():  # the lane is told again, ready, by `answering`'s caller
+            return msgspec.structs.replace(self._contract, ready=False)
         return self._contract
 
     async def _first_link(self, wait_s: float, source: str) -> PolicyLink:
@@ -159,6 +162,21 @@ class PolicySession:
         if contract != self._contract:
             self._contract = contract
             self.send_down(contract)
+
+    def not_ready(self) -> str:
+        """Why acts wait now though the link is up, in words ("" when they do not): an
+        openpi server's warm-up inference holds them (its first, which compiles)."""
+        if self.openpi is None or not self.openpi.link.warmup.holding:
+            return ""
+        words = self.openpi.link.warmup.words() or "armed"
+        return f"the openpi server's warm-up inference (its first, which compiles) is {words}"
+
+    async def answering(self) -> Contract:
+        """Once acts no longer wait (`not_ready` is ""; a warm-up is bounded by its
+        warmup_s): the contract in force, ready."""
+        if self.openpi is not None:
+            await self.openpi.link.warmup.wait()
+        return self._contract
 
     def _contract_for(self, actions: Actions | None) -> Contract:
         """The lane's Contract: the horizon, and whether the policy takes the frozen prefix

@@ -15,7 +15,7 @@ from typing import Any
 from robotd.config import Config
 from robotd.operator.requests import Request, RequestError, summary
 from robotd.runtime.summary import LANE_COUNTERS
-from robotd.runtime.view import DaemonView, PolicyParams
+from robotd.runtime.view import DaemonView, OperatorPolicy
 
 log = logging.getLogger("robotd.operator")
 
@@ -74,7 +74,7 @@ def _verdict(view: DaemonView, args: dict[str, Any]) -> dict[str, Any]:
     return verdict
 
 
-async def params(cfg: Config, policy: PolicyParams | None, args: dict[str, Any]) -> Any:
+async def params(cfg: Config, policy: OperatorPolicy | None, args: dict[str, Any]) -> Any:
     """Without `set`: the config in force and the policy's inference parameters. With
     `set`: the policy's parameters changed, from its next episode on (never mid-episode;
     the worker checks each against its declared type)."""

@@ -47,7 +47,7 @@ from robotd.operator.requests import (
 from robotd.operator.words import printable
 from robotd.runtime.bridge import LaneBusy
 from robotd.runtime.rundir import remove_socket_file
-from robotd.runtime.view import DaemonView, LaneCommands, PolicyParams, status_dict
+from robotd.runtime.view import DaemonView, LaneCommands, OperatorPolicy, status_dict
 
 log = logging.getLogger("robotd.operator")
 
@@ -69,7 +69,7 @@ class OperatorServer:
         cfg: Config,
         run_dir: Path,
         ctx: zmq.asyncio.Context,
-        policy: PolicyParams | None = None,
+        policy: OperatorPolicy | None = None,
         on_command: OnCommand | None = None,
     ) -> None:
         self.on_command = on_command
@@ -201,8 +201,18 @@ class OperatorServer:
         return dataclasses.replace(req, sent_ns=min(sent, taken))
 
     async def handle_lane(self, req: Request) -> Any:
-        """Forward a validated lane command (only its bounded arguments) and await the reply."""
+        """Forward a validated lane command (only its bounded arguments) and await the reply.
+        A start is refused here while the policy cannot answer its first act (an openpi
+        server's warm-up): the episode would hold until the warm-up ends, or end `starved`,
+        and its robot would move up to minutes after its operator asked."""
         log.info("operator: %s %s", req.cmd, summary(req.args))
+        why = self.policy.not_ready() if req.cmd == "start" and self.policy is not None else ""
+        if why:
+            raise RequestError(
+                "policy_not_ready",
+                f"start refused: {why}, and acts wait for it; start again once "
+                "`robotctl status` says it answered",
+            )
         reply = await self.lane.command(
             req.cmd, **lane_args(req), sent_ns=req.sent_ns, expires_ns=expires_ns(req)
         )

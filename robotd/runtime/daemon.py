@@ -24,7 +24,7 @@ from robotd.config import Config, runtime_dir
 from robotd.contract import ContractError
 from robotd.control.ports import orphan_hold_s
 from robotd.exits import exit_words
-from robotd.lane.messages import Shutdown
+from robotd.lane.messages import Contract, Shutdown
 from robotd.link.connect import StartupError, worker_endpoint_problem
 from robotd.link.session import PolicySession
 from robotd.operator.server import OperatorServer
@@ -173,29 +173,14 @@ class Daemon:
         # a policy loading for minutes does not hold `systemctl start` (STATUS says why)
         sdnotify.notify("READY=1", f"STATUS={self._unit_status()}")
         tg.start_soon(sdnotify.watchdog_loop, self._unit_status)
-        self.session = PolicySession(
-            self.cfg,
-            endpoint or local or "",
-            rings=self.shared.rings,
-            send_down=b.send,
-            worker_failed=lambda: children.worker_failed,
-            task=lambda: b.status.task if b.status is not None else "",
-            lane_status=lambda: b.status,
-        )
-        self.session.trace = self.recorder  # uploads, refusals, reconnects (None: no trace)
-        try:
-            contract = await self.session.connect(tg, **wait)
-        except (StartupError, ContractError) as exc:
-            # A local worker alive that never answered its hello: its policy still loads (or
-            # is stuck). One that answered and was refused (its contract) is serving.
-            waiting = isinstance(exc, StartupError) and local is not None
-            waiting = waiting and not self.session.hello_answered and children.alive("worker")
-            log.error("%s%s", exc, NOT_SERVING if waiting else "")
-            self.exit_code = 2
+        contract = await self._connect(tg, children, endpoint, local, wait)
+        if contract is None:
             return
         if self.cfg.robot.start == "episode":  # the contract starts it: not before the cameras
             await first_frames(self.shared.rings, FIRST_FRAME_WAIT_S)
         b.send(contract)
+        if not contract.ready:  # an openpi warm-up holds acts: the lane hears when it is over
+            tg.start_soon(self._tell_ready, b)
         self.summary.link = self.session.counters
         self.summary.session = self.session
         on_command = self.recorder.operator if self.recorder is not None else None
@@ -210,6 +195,45 @@ class Daemon:
         sdnotify.notify(f"STATUS=running at {self.cfg.control.hz:g} Hz")
         with anyio.move_on_after(self.opts.duration):  # --duration counts from serving
             await self.stop.wait()
+
+    async def _connect(
+        self,
+        tg: anyio.abc.TaskGroup,
+        children: Children,
+        endpoint: str,
+        local: str | None,
+        wait: dict[str, Any],
+    ) -> Contract | None:
+        """The policy session opened and its first contract, or None (logged, exit code 2)
+        when the policy never answered or its contract is refused."""
+        assert self.shared is not None
+        b = self.bridge
+        self.session = PolicySession(
+            self.cfg,
+            endpoint or local or "",
+            rings=self.shared.rings,
+            send_down=b.send,
+            worker_failed=lambda: children.worker_failed,
+            task=lambda: b.status.task if b.status is not None else "",
+            lane_status=lambda: b.status,
+        )
+        self.session.trace = self.recorder  # uploads, refusals, reconnects (None: no trace)
+        try:
+            return await self.session.connect(tg, **wait)
+        except (StartupError, ContractError) as exc:
+            # A local worker alive that never answered its hello: its policy still loads (or
+            # is stuck). One that answered and was refused (its contract) is serving.
+            waiting = isinstance(exc, StartupError) and local is not None
+            waiting = waiting and not self.session.hello_answered and children.alive("worker")
+            log.error("%s%s", exc, NOT_SERVING if waiting else "")
+            self.exit_code = 2
+            return None
+
+    async def _tell_ready(self, b: LaneBridge) -> None:
+        """The lane's contract again, ready, once acts no longer wait (robot.start =
+        "episode" starts the first episode then)."""
+        assert self.session is not None
+        b.send(await self.session.answering())
 
     async def _sockets_lost(self, lost: list[str]) -> None:
         """The run directory lost its sockets (nobody new can reach the robot, an e-stop

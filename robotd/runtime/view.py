@@ -144,10 +144,15 @@ def status_dict(status: Status | None) -> dict[str, Any]:
     return out
 
 
-class PolicyParams(Protocol):
-    """How operators read and set the policy's inference parameters (the policy session)."""
+class OperatorPolicy(Protocol):
+    """What operators need of the policy session: its inference parameters read and set,
+    and whether it answers acts now."""
 
     async def params(self, changes: dict[str, Any] | None) -> dict[str, Any]: ...
+
+    def not_ready(self) -> str:
+        """Why acts wait now though the link is up, in words; "" when they do not."""
+        ...
 
 
 @dataclass(frozen=True)

@@ -257,7 +257,8 @@ class Replay:
                 k.episode_lost(str(detail.get("cause", "")))
             elif name == "contract":
                 h = detail.get("open_loop_horizon")
-                k.set_contract(h if type(h) is int and h >= 1 else None, detail.get("rtc") is True)
+                horizon = h if type(h) is int and h >= 1 else None
+                k.set_contract(horizon, detail.get("rtc") is True, detail.get("ready") is not False)
         end = self.rec.end
         if end is not None and end["tick"] == tick and k.machine.state is State.RUNNING:
             if end["outcome"] == "stopped":

@@ -1,9 +1,10 @@
 """The daemon's warm-up inference against the real openpi-server from PyPI whose first
 inference takes FIRST_DELAY_S (a JIT compile), with acts timing out at 1 s, shorter: a sim
-run of config/openpi-droid.toml starts its first episode at once, so its first act is
-asked while the warm-up runs. With the warm-up it waits and no act times out; without it
-(warmup_s = 0) the first act times out. A restarted server is warmed up again; a warm-up
-that times out is a WARNING and acts are served."""
+run of config/openpi-droid.toml starts its first episode by itself, once the warm-up is
+over (an operator's start meanwhile is refused, saying why); without a warm-up
+(warmup_s = 0) it starts at once and the first act times out. A restarted server is warmed
+up again, and the acts of the episode running meanwhile wait for it; a warm-up that times
+out is a WARNING and acts are served."""
 
 from __future__ import annotations
 
@@ -62,8 +63,14 @@ def test_the_first_act_waits_for_the_warm_up_and_none_times_out(
     d, client = start(tmp_path, server, "policy.openpi.rtc={}")
     stop.append((d, client))
     d.wait_line(r"openpi warm-up inference started")
-    link = client.request("status")["result"]["link"]
-    assert link["warmup"].startswith("running for "), link  # the server takes 4 s
+    status = client.request("status")["result"]
+    assert status["link"]["warmup"].startswith("running for "), status  # the server takes 4 s
+    assert status["state"] == "IDLE", status  # the sim's first episode waits for it
+    refused = client.request("start", {"task": "now"})
+    assert refused["ok"] is False and refused["error"]["code"] == "policy_not_ready", refused
+    said = refused["error"]["message"]
+    assert "warm-up inference" in said and "is running for " in said, said
+    d.wait_line(r"operator: start failed: policy_not_ready: start refused: the openpi server")
     d.wait_line(ANSWERED)
     wait_for(lambda: chunks(client) >= 5, "chunks after the warm-up")
     s = client.request("stats")["result"]
@@ -78,7 +85,7 @@ def test_the_first_act_waits_for_the_warm_up_and_none_times_out(
     )  # fmt: skip
     assert "warmup answered in " in shown.stdout, shown.stdout
     # What the server received: the warm-up first, shaped as the first act (the episode's
-    # first, asked meanwhile: rtc fields included), with neutral contents.
+    # first, asked after it: rtc fields included), with neutral contents.
     warm, first, *_ = [json.loads(line) for line in record.read_text().splitlines()]
     assert _shapes(warm) == _shapes(first)
     items = {k[1]: v for k, v in warm["items"]}

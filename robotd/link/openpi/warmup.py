@@ -97,6 +97,11 @@ class Warmup:
         self.phase, self.since, self.reason = "waiting", self.clock(), ""
         return self._gate
 
+    @property
+    def holding(self) -> bool:
+        """Whether a warm-up holds acts now (armed or sent, not over)."""
+        return self._gate is not None and not self._gate.is_set()
+
     def current(self, gate: anyio.Event) -> bool:
         """Whether `gate` is the last connect's (no later connect armed another)."""
         return gate is self._gate
