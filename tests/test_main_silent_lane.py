@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from robotd.lane.messages import Beat, Command
-from tests.lane_util import LaneRig
+from tests.lane_util import LaneRig, wait_in_socket
 
 HZ = 30
 
@@ -58,6 +58,7 @@ def test_silence_after_a_beat_latches_holds_estops_and_stays_latched(rig: LaneRi
     _ticks(rig, HZ // 2)  # under main_silent_s since: no new fault, still latched
     assert rig.lane.kernel.status().fault.later == 1
     rig.send(Command(2, "clear_fault"))
+    wait_in_socket(rig.lane.ports.down)  # ipc, not ticks, decides when it arrives
     replies = [m for m in _ticks(rig, 5) if m["k"] == "reply"]
     assert replies and replies[0]["ok"], replies
 
