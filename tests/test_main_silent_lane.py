@@ -41,6 +41,7 @@ def _wait_beat(rig: LaneRig) -> None:
 def test_silence_after_a_beat_latches_holds_estops_and_stays_latched(rig: LaneRig) -> None:
     _wait_beat(rig)
     rig.send(Command(1, "start"))
+    wait_in_socket(rig.lane.ports.down)
     out = _ticks(rig, HZ // 2)
     assert rig.lane.kernel.status().state == "RUNNING", out
     out = _ticks(rig, HZ)  # 1.5 s since the beat: silent
