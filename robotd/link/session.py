@@ -168,7 +168,7 @@ class PolicySession:
         openpi server's warm-up inference holds them (its first, which compiles)."""
         if self.openpi is None or not self.openpi.link.warmup.holding:
             return ""
-        words = self.openpi.link.warmup.words() or "armed"
+        words = self.openpi.link.warmup.words()  # holding: "running for ..."
         return f"the openpi server's warm-up inference (its first, which compiles) is {words}"
 
     async def answering(self) -> Contract:
